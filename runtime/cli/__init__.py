@@ -1,0 +1,65 @@
+"""`webagent`: the command line.
+
+One module per command group; each exposes `register(subparsers)` and sets `func` on its
+parsers. `func(args)` returns the exit code. Errors a user can cause are mapped to exit
+codes here, in one place: a bad config or request exits 2 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from runtime import __version__
+from runtime.config import ConfigError
+from runtime.errors import UsageError
+from runtime.logs import configure_logging
+
+__all__ = ["main"]
+
+# Command groups, in the order `--help` lists them. A group is listed only when it works.
+_COMMANDS = ("config",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="webagent",
+        description="Train and serve web agents with online M-GRPO (WebAgent-R1).",
+    )
+    parser.add_argument("--version", action="version", version=f"webagent-r1 {__version__}")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="log lines as JSON or for a console (auto: JSON unless stderr is a terminal)",
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in _COMMANDS:
+        importlib.import_module(f"runtime.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `webagent` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    configure_logging(format=args.log_format, level=args.log_level)
+    try:
+        code: int = args.func(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"webagent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("webagent: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""The whole configuration, as frozen msgspec Structs decoded once at the edge.
+
+Every field has a default, so the embedded default (built-in sites, vLLM-CPU, a locally
+made tiny model) needs no file at all. A TOML file overrides any subset; unknown fields
+and wrong types are errors that name the file and the field path.
+
+This module sits at the bottom of the project: it imports nothing of it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+__all__ = [
+    "BCConfig",
+    "BrowserConfig",
+    "Config",
+    "ConfigError",
+    "DaemonConfig",
+    "EndpointConfig",
+    "LearnerConfig",
+    "ObservationConfig",
+    "PolicyConfig",
+    "SchedulerConfig",
+    "SitesConfig",
+    "WebArenaInstanceConfig",
+    "dump_config",
+    "load_config",
+]
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config section: frozen, keyword-only, unknown fields rejected."""
+
+
+class WebArenaInstanceConfig(_Section, frozen=True):
+    """One self-hosted WebArena instance: its site URLs and how to reset it."""
+
+    name: str
+    # Site URLs under WebArena's names (SHOPPING, SHOPPING_ADMIN, REDDIT, GITLAB, MAP, ...).
+    urls: dict[str, str] = {}
+    # HTTP reset server: GET {reset_url}/reset, then poll {reset_url}/status.
+    reset_url: str = ""
+    # Or a shell command that resets the instance and exits 0.
+    reset_command: str = ""
+    reset_timeout_s: PositiveFloat = 900.0
+
+
+class SitesConfig(_Section, frozen=True):
+    """Where the agent acts: the built-in sites (embedded) or self-hosted WebArena."""
+
+    kind: Literal["builtin", "webarena"] = "builtin"
+    # Built-in sites: listen address; port 0 picks a free port per site.
+    host: str = "127.0.0.1"
+    port: Port = 0
+    # Seed of the built-in sites' generated data and task suite.
+    seed: int = 0
+    # Task file (WebArena JSON list); empty means the built-in suite's split files.
+    tasks: str = ""
+    # WebArena: site URLs by WebArena name; environment variables of the same names
+    # are applied by the CLI on top of these.
+    urls: dict[str, str] = {}
+    instances: tuple[WebArenaInstanceConfig, ...] = ()
+    # WebArena accounts' storage states are written here.
+    auth_dir: str = ".webagent/auth"
+
+
+class BrowserConfig(_Section, frozen=True):
+    """The one Chromium per process and its contexts."""
+
+    # Empty: Debian's chromium-headless-shell, then Debian's chromium, then Playwright's.
+    executable_path: str = ""
+    headless: bool = True
+    max_contexts: Positive = 32
+    action_timeout_s: PositiveFloat = 5.0
+    navigation_timeout_s: PositiveFloat = 15.0
+    observation_timeout_s: PositiveFloat = 10.0
+    viewport_width: Positive = 1280
+    viewport_height: Positive = 1080
+    extra_args: tuple[str, ...] = ()
+
+
+class ObservationConfig(_Section, frozen=True):
+    """How a page becomes the simplified HTML the model reads."""
+
+    # "html": WebAgent-R1's simplified HTML; "compact": fewer attributes, for tiny models.
+    style: Literal["html", "compact"] = "html"
+    max_tokens: Positive = 2048
+    max_text_chars: Positive = 80
+    attributes: tuple[str, ...] = (
+        "type",
+        "name",
+        "placeholder",
+        "value",
+        "aria-label",
+        "title",
+        "alt",
+        "href",
+        "role",
+        "checked",
+        "selected",
+    )
+
+
+class PolicyConfig(_Section, frozen=True):
+    """The OpenAI-compatible vLLM server and how requests are sent to it."""
+
+    # Model path or Hugging Face id; empty: the locally made tiny model under data_dir.
+    model: str = ""
+    # URL of an already running server; empty: launch one as a child process.
+    url: str = ""
+    device: Literal["cpu", "gpu"] = "cpu"
+    host: str = "127.0.0.1"
+    port: Port = 0
+    dtype: str = "float32"
+    max_model_len: Positive = 4096
+    max_loras: Positive = 4
+    max_cpu_loras: Positive = 8
+    max_lora_rank: Positive = 8
+    max_logprobs: Positive = 5
+    kv_cache_gib: PositiveFloat = 1.0
+    gpu_memory_utilization: Fraction = 0.85
+    startup_timeout_s: PositiveFloat = 300.0
+    extra_args: tuple[str, ...] = ()
+    # Requests.
+    request_timeout_s: PositiveFloat = 120.0
+    max_retries: NonNegative = 3
+    retry_backoff_s: NonNegativeFloat = 0.5
+    max_concurrency: Positive = 32
+    temperature: NonNegativeFloat = 1.0
+    top_p: Fraction = 1.0
+    max_tokens: Positive = 256
+    adapter_prefix: str = "policy"
+
+
+class SchedulerConfig(_Section, frozen=True):
+    """Rollouts: which tasks, how many at once, and when an episode ends."""
+
+    split: str = "train"
+    group_size: Positive = 8
+    max_groups_in_flight: Positive = 4
+    max_episodes_in_flight: Positive = 32
+    max_turns: Positive = 15
+    max_parse_failures: Positive = 5
+    max_repeats: Positive = 5
+    # Keep earlier thoughts in the compressed history (actions always stay).
+    keep_thoughts: bool = False
+    # Finished groups waiting for the learner.
+    stream_buffer: NonNegative = 4
+    seed: int = 0
+
+
+class LearnerConfig(_Section, frozen=True):
+    """M-GRPO on a LoRA adapter."""
+
+    enabled: bool = True
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    learning_rate: PositiveFloat = 1e-4
+    weight_decay: NonNegativeFloat = 0.0
+    warmup_steps: NonNegative = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: NonNegative = 0
+    batch_groups: Positive = 4
+    optimizer_steps: Positive = 1
+    micro_batch_tokens: Positive = 4096
+    grad_clip: PositiveFloat = 1.0
+    max_staleness: NonNegative = 1
+    clip_eps_low: NonNegativeFloat = 0.2
+    clip_eps_high: NonNegativeFloat = 0.2
+    kl_beta: NonNegativeFloat = 0.0
+    adv_eps: PositiveFloat = 1e-4
+    recompute_logprobs: bool = True
+    mask_think: bool = False
+    lora_rank: Positive = 8
+    lora_alpha: Positive = 16
+    lora_dropout: Fraction = 0.0
+    lora_targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+    seed: int = 0
+
+
+class BCConfig(_Section, frozen=True):
+    """Behaviour-cloning warm-up on the oracle's demonstrations."""
+
+    learning_rate: PositiveFloat = 1e-3
+    batch_size: Positive = 16
+    warmup_steps: NonNegative = 50
+    max_steps: NonNegative = 0
+    max_minutes: NonNegativeFloat = 20.0
+    # Stop early once held-out episode success reaches this (0 disables).
+    target_success: Fraction = 0.0
+    eval_every_steps: Positive = 200
+    # Full fine-tuning for tiny models, LoRA for large ones; "auto" decides by size.
+    mode: Literal["auto", "full", "lora"] = "auto"
+    seed: int = 0
+
+
+class DaemonConfig(_Section, frozen=True):
+    """The long-lived process: where it writes, when it evaluates, how it stops."""
+
+    run_dir: str = "runs/default"
+    # Locally made models, demonstrations and the BC checkpoint live here.
+    data_dir: str = ".webagent"
+    eval_every: NonNegative = 5
+    eval_episodes: Positive = 64
+    max_updates: NonNegative = 0
+    drain_timeout_s: PositiveFloat = 60.0
+    # New adapter folders appearing here are loaded automatically (hot reload).
+    watch_adapters: str = ""
+
+
+class EndpointConfig(_Section, frozen=True):
+    """The control API and the agent endpoint."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: Port = 8765
+    # Bearer token guarding every route but /healthz; empty disables auth (loopback only).
+    token: str = ""
+    max_runs: Positive = 8
+    max_turns: Positive = 30
+
+
+class Config(_Section, frozen=True):
+    """The effective configuration of one process."""
+
+    sites: SitesConfig = SitesConfig()
+    browser: BrowserConfig = BrowserConfig()
+    observation: ObservationConfig = ObservationConfig()
+    policy: PolicyConfig = PolicyConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    learner: LearnerConfig = LearnerConfig()
+    bc: BCConfig = BCConfig()
+    daemon: DaemonConfig = DaemonConfig()
+    endpoint: EndpointConfig = EndpointConfig()
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message names file and field."""
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source = source
+        self.field = field
+        self.problem = problem
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {problem}")
+
+
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
+
+
+def _field_path(raw: str) -> str:
+    """`$.browser.args[2]` -> `browser.args[2]`."""
+    return raw.removeprefix(".")
+
+
+def _explain(exc: msgspec.ValidationError) -> tuple[str, str]:
+    """Split msgspec's message into (field path, problem)."""
+    match = _AT.match(str(exc))
+    if match is None:  # pragma: no cover - the regex matches any string
+        return "", str(exc)
+    what, path = match["what"], _field_path(match["path"] or "")
+    unknown = _UNKNOWN.match(what)
+    if unknown:
+        name = unknown["name"]
+        return (f"{path}.{name}" if path else name), "unknown field"
+    problem = what[:1].lower() + what[1:]
+    return path or "(top level)", problem.replace("`", "")
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """The defaults, overridden by the TOML file at `path` if one is given."""
+    if path is None:
+        return Config()
+    source = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read file ({exc.strerror})") from exc
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, "", f"not valid TOML ({exc})") from exc
+    try:
+        return msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        field, problem = _explain(exc)
+        raise ConfigError(source, field, problem) from exc
+
+
+def dump_config(config: Config) -> str:
+    """The configuration as TOML text that `load_config` reads back to an equal value."""
+    return msgspec.toml.encode(config).decode("utf-8")

@@ -1,0 +1,393 @@
+"""Every piece of data that crosses a boundary: frozen msgspec Structs.
+
+- `TaskConfig` is WebArena's task JSON field for field. Fields a file leaves out stay
+  out (`UNSET`), unknown fields are kept in `extra_fields`, so `encode_task(decode_task(x))`
+  is `x` again (with sorted keys).
+- `ChatMessage`, `PolicyReply`: what the episode sends to a policy and gets back.
+- `Action`, `Turn`, `Trajectory`, `TrajectoryGroup`: what a rollout records.
+- `Event`: the tagged union that logs, metrics and the control API are derived from.
+
+This module sits at the bottom of the project: it imports nothing of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = [
+    "Action",
+    "AdapterPublished",
+    "AdapterSwapped",
+    "ChatMessage",
+    "EpisodeFinished",
+    "EpisodeStarted",
+    "EvalSpec",
+    "Event",
+    "Fault",
+    "GroupReady",
+    "PolicyReply",
+    "ProgramHtmlCheck",
+    "ReferenceAnswers",
+    "TaskConfig",
+    "Trajectory",
+    "TrajectoryGroup",
+    "Turn",
+    "TurnTaken",
+    "TurnTimings",
+    "UpdateApplied",
+    "decode",
+    "decode_event",
+    "decode_group",
+    "decode_task",
+    "decode_tasks",
+    "encode",
+    "encode_task",
+    "encode_tasks",
+]
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every message."""
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class ProgramHtmlCheck(_Msg, frozen=True):
+    """One `program_html` entry: go to `url`, run `locator`, check `required_contents`."""
+
+    url: str = "last"
+    locator: str = ""
+    # {"must_include": [...]}, {"exact_match": "..."}, ... (older files: a bare list).
+    required_contents: dict[str, Any] | list[Any] | str | UnsetType = UNSET
+    prep_actions: list[str] | UnsetType = UNSET
+    extra_fields: dict[str, Any] = {}
+
+
+class ReferenceAnswers(_Msg, frozen=True):
+    """The answers a string_match evaluator compares the agent's exit message with."""
+
+    exact_match: str | int | float | None | UnsetType = UNSET
+    must_include: list[str | int | float] | None | UnsetType = UNSET
+    must_exclude: list[str | int | float] | None | UnsetType = UNSET
+    fuzzy_match: list[str] | str | None | UnsetType = UNSET
+    one_of: list[str | int | float] | None | UnsetType = UNSET
+    required_values: list[str | int | float] | None | UnsetType = UNSET
+    extra_fields: dict[str, Any] = {}
+
+
+class EvalSpec(_Msg, frozen=True):
+    """A task's `eval` object."""
+
+    eval_types: list[str] = []
+    reference_answers: ReferenceAnswers | None | UnsetType = UNSET
+    reference_url: str | None | UnsetType = UNSET
+    url_note: str | None | UnsetType = UNSET
+    program_html: list[ProgramHtmlCheck] | None | UnsetType = UNSET
+    string_note: str | None | UnsetType = UNSET
+    reference_answer_raw_annotation: str | int | float | None | UnsetType = UNSET
+    extra_fields: dict[str, Any] = {}
+
+
+class TaskConfig(_Msg, frozen=True):
+    """One WebArena task config, as in `test.raw.json` and WebArena-Lite files."""
+
+    task_id: int
+    intent: str
+    start_url: str
+    sites: list[str] = []
+    eval: EvalSpec = EvalSpec()
+    require_login: bool | UnsetType = UNSET
+    storage_state: str | None | UnsetType = UNSET
+    geolocation: Any | UnsetType = UNSET
+    intent_template: str | UnsetType = UNSET
+    instantiation_dict: dict[str, Any] | UnsetType = UNSET
+    require_reset: bool | UnsetType = UNSET
+    intent_template_id: int | str | UnsetType = UNSET
+    extra_fields: dict[str, Any] = {}
+
+
+# Which nested fields hold which Struct, for carrying unknown fields through.
+_NESTED: dict[type[_Msg], dict[str, type[_Msg]]] = {
+    TaskConfig: {"eval": EvalSpec},
+    EvalSpec: {"reference_answers": ReferenceAnswers, "program_html": ProgramHtmlCheck},
+    ReferenceAnswers: {},
+    ProgramHtmlCheck: {},
+}
+
+
+def _with_extras(raw: Any, cls: type[_Msg]) -> Any:
+    """Copy of a raw JSON object with its unknown keys moved under `extra_fields`."""
+    if isinstance(raw, list):
+        return [_with_extras(item, cls) for item in raw]
+    if not isinstance(raw, dict):
+        return raw
+    known = set(cls.__struct_fields__) - {"extra_fields"}
+    nested = _NESTED[cls]
+    out: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            extras[key] = value
+        elif key in nested:
+            out[key] = _with_extras(value, nested[key])
+        else:
+            out[key] = value
+    if extras:
+        out["extra_fields"] = extras
+    return out
+
+
+def _without_extras(obj: Any) -> Any:
+    """Inverse of `_with_extras` on builtins: unknown keys back in place."""
+    if isinstance(obj, list):
+        return [_without_extras(item) for item in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {key: _without_extras(value) for key, value in obj.items() if key != "extra_fields"}
+    out.update(obj.get("extra_fields", {}))
+    return out
+
+
+def decode_task(raw: dict[str, Any]) -> TaskConfig:
+    """A task from its decoded JSON object; raises msgspec.ValidationError naming the field."""
+    return msgspec.convert(_with_extras(raw, TaskConfig), TaskConfig)
+
+
+def decode_tasks(data: bytes | str) -> list[TaskConfig]:
+    """Tasks from a JSON document holding one task object or a list of them."""
+    raw = msgspec.json.decode(data)
+    items = raw if isinstance(raw, list) else [raw]
+    return [decode_task(item) for item in items]
+
+
+def encode_task(task: TaskConfig) -> dict[str, Any]:
+    """The task as the JSON object it came from (unknown fields included)."""
+    result: dict[str, Any] = _without_extras(msgspec.to_builtins(task))
+    return result
+
+
+def encode_tasks(tasks: list[TaskConfig]) -> bytes:
+    """Tasks as a JSON list with sorted keys: stable under decode/encode round trips."""
+    return msgspec.json.encode([encode_task(t) for t in tasks], order="sorted")
+
+
+# --------------------------------------------------------------------------- policy
+
+
+class ChatMessage(_Msg, frozen=True):
+    """One chat message of a turn's prompt."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class PolicyReply(_Msg, frozen=True):
+    """What a policy returns for one turn; token fields are empty for scripted policies."""
+
+    text: str
+    prompt_token_ids: list[int] = []
+    completion_token_ids: list[int] = []
+    completion_logprobs: list[float] = []
+    adapter: str = ""
+    adapter_version: int = -1
+    finish_reason: str = ""
+
+
+# --------------------------------------------------------------------------- rollouts
+
+ActionKind = Literal["do", "go_backward", "go_forward", "exit"]
+
+
+class Action(_Msg, frozen=True):
+    """A parsed action of the DSL: `do(action=..., argument=..., element=...)`, `exit(...)`."""
+
+    kind: ActionKind
+    # For kind == "do": "Click", "Type", "Goto", ... (the DSL's action names).
+    name: str = ""
+    argument: str | None = None
+    element: int | None = None
+    # For kind == "exit": the agent's answer.
+    message: str | None = None
+
+
+class TurnTimings(_Msg, frozen=True):
+    """Seconds spent in each phase of a turn."""
+
+    observe_s: float = 0.0
+    policy_s: float = 0.0
+    act_s: float = 0.0
+
+
+class Turn(_Msg, frozen=True):
+    """One observation -> completion -> action step, recorded exactly."""
+
+    index: int
+    url: str
+    # The full observation this turn showed the model (earlier ones were compressed).
+    observation: str
+    observation_digest: str
+    text: str
+    thought: str = ""
+    action: Action | None = None
+    parse_error: str | None = None
+    action_error: str | None = None
+    prompt_token_ids: list[int] = []
+    completion_token_ids: list[int] = []
+    completion_logprobs: list[float] = []
+    adapter: str = ""
+    adapter_version: int = -1
+    timings: TurnTimings = TurnTimings()
+
+
+TrajectoryStatus = str  # "exited" | "max_turns" | "interrupted" | "error:<kind>"
+
+
+class Trajectory(_Msg, frozen=True):
+    """One episode of a task, from the first observation to the reward."""
+
+    episode_id: str
+    group_id: str
+    task_id: int
+    intent: str
+    turns: list[Turn] = []
+    answer: str | None = None
+    reward: float = 0.0
+    status: TrajectoryStatus = "exited"
+    # Evaluator details (which check passed or failed, unjudged fuzzy matches, ...).
+    evaluation: dict[str, Any] = {}
+    adapter_versions: list[int] = []
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+class TrajectoryGroup(_Msg, frozen=True):
+    """G trajectories of one task; advantages are the learner's job."""
+
+    group_id: str
+    task_id: int
+    trajectories: list[Trajectory]
+    created_at: float
+    split: str = ""
+
+
+# --------------------------------------------------------------------------- events
+
+
+class _Event(_Msg, frozen=True, tag_field="event", tag=lambda name: name):
+    """Base of the tagged event union; `event` names the type on the wire."""
+
+    at: float
+
+
+class EpisodeStarted(_Event, frozen=True):
+    episode_id: str
+    group_id: str
+    task_id: int
+
+
+class TurnTaken(_Event, frozen=True):
+    episode_id: str
+    index: int
+    action: str
+    adapter: str = ""
+    error: str | None = None
+
+
+class EpisodeFinished(_Event, frozen=True):
+    episode_id: str
+    group_id: str
+    task_id: int
+    status: str
+    reward: float
+    turns: int
+
+
+class GroupReady(_Event, frozen=True):
+    group_id: str
+    task_id: int
+    rewards: list[float]
+
+
+class UpdateApplied(_Event, frozen=True):
+    version: int
+    step: int
+    groups_trained: int
+    groups_stale: int = 0
+    groups_zero_variance: int = 0
+    metrics: dict[str, float] = {}
+
+
+class AdapterPublished(_Event, frozen=True):
+    version: int
+    name: str
+    path: str
+
+
+class AdapterSwapped(_Event, frozen=True):
+    name: str
+    previous: str
+    latency_s: float
+
+
+class Fault(_Event, frozen=True):
+    kind: str
+    message: str
+    where: str = ""
+
+
+Event = (
+    EpisodeStarted
+    | TurnTaken
+    | EpisodeFinished
+    | GroupReady
+    | UpdateApplied
+    | AdapterPublished
+    | AdapterSwapped
+    | Fault
+)
+
+# --------------------------------------------------------------------------- codecs
+
+Format = Literal["json", "msgpack"]
+
+_ENCODERS: dict[str, msgspec.json.Encoder | msgspec.msgpack.Encoder] = {
+    "json": msgspec.json.Encoder(),
+    "msgpack": msgspec.msgpack.Encoder(),
+}
+_DECODERS: dict[tuple[Any, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]] = {}
+
+
+def encode(message: Any, *, format: Format = "json") -> bytes:
+    """A message (or a list or dict of them) as JSON or msgpack bytes."""
+    return _ENCODERS[format].encode(message)
+
+
+def decode(data: bytes, type_: Any, *, format: Format = "json") -> Any:
+    """A message of `type_` (a Struct, a union like `Event`, or a container of them).
+
+    Decoders are built once per (type, format) and reused.
+    """
+    key = (type_, format)
+    decoder = _DECODERS.get(key)
+    if decoder is None:
+        decoder = (
+            msgspec.json.Decoder(type_) if format == "json" else msgspec.msgpack.Decoder(type_)
+        )
+        _DECODERS[key] = decoder
+    return decoder.decode(data)
+
+
+def decode_event(data: bytes, *, format: Format = "json") -> Event:
+    """An event; its `event` field selects the type."""
+    event: Event = decode(data, Event, format=format)
+    return event
+
+
+def decode_group(data: bytes, *, format: Format = "json") -> TrajectoryGroup:
+    """A trajectory group."""
+    group: TrajectoryGroup = decode(data, TrajectoryGroup, format=format)
+    return group

@@ -1,0 +1,3 @@
+"""Web environments: WebArena's task format, evaluators, the built-in sites, WebArena."""
+
+__all__: list[str] = []
