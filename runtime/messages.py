@@ -22,13 +22,16 @@ __all__ = [
     "AdapterPublished",
     "AdapterSwapped",
     "ChatMessage",
+    "ElementQuery",
     "EpisodeFinished",
     "EpisodeStarted",
     "EvalSpec",
     "Event",
     "Fault",
     "GroupReady",
+    "OracleStep",
     "PolicyReply",
+    "PolicyRequest",
     "ProgramHtmlCheck",
     "ReferenceAnswers",
     "TaskConfig",
@@ -185,6 +188,18 @@ class ChatMessage(_Msg, frozen=True):
     content: str
 
 
+class PolicyRequest(_Msg, frozen=True):
+    """One turn's request to a policy: the rendered chat so far, and whose turn it is.
+
+    `task` is there for scripted policies (the oracle); model policies use `messages` only.
+    """
+
+    episode_id: str
+    turn: int
+    task: TaskConfig
+    messages: list[ChatMessage]
+
+
 class PolicyReply(_Msg, frozen=True):
     """What a policy returns for one turn; token fields are empty for scripted policies."""
 
@@ -272,6 +287,35 @@ class TrajectoryGroup(_Msg, frozen=True):
     trajectories: list[Trajectory]
     created_at: float
     split: str = ""
+
+
+class ElementQuery(_Msg, frozen=True):
+    """How a scripted plan names an element: by tag, visible text and attributes.
+
+    The oracle resolves it against the rendered observation to get the element id the
+    model would have to copy; `nth` picks among several matches (0 = first).
+    """
+
+    tag: str | None = None
+    text: str | None = None
+    text_contains: str | None = None
+    attrs: dict[str, str] = {}
+    nth: int = 0
+
+
+class OracleStep(_Msg, frozen=True):
+    """One step of a built-in task's scripted solution, independent of element ids.
+
+    `action` is a DSL action name ("Click", "Type", "Search", "Select Dropdown Option",
+    "Goto", "Scroll Down", "Press Enter", "Hover", ...) or "go_backward", "go_forward",
+    "exit". `message` is the exit answer.
+    """
+
+    action: str
+    target: ElementQuery | None = None
+    argument: str | None = None
+    message: str | None = None
+    thought: str = ""
 
 
 # --------------------------------------------------------------------------- events
