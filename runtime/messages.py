@@ -25,7 +25,9 @@ __all__ = [
     "ElementQuery",
     "EpisodeFinished",
     "EpisodeStarted",
+    "EvalCheck",
     "EvalSpec",
+    "Evaluation",
     "Event",
     "Fault",
     "GroupReady",
@@ -229,6 +231,23 @@ class Action(_Msg, frozen=True):
     message: str | None = None
 
 
+class EvalCheck(_Msg, frozen=True):
+    """One evaluator's verdict: `passed` is None when it could not judge (no fuzzy judge)."""
+
+    kind: str
+    passed: bool | None
+    detail: str = ""
+
+
+class Evaluation(_Msg, frozen=True):
+    """A task's evaluators run on the final page and the exit message: the binary reward."""
+
+    reward: float
+    checks: list[EvalCheck] = []
+    # True when some check could not be judged; the reward then is not a real 0/1 score.
+    unjudged: bool = False
+
+
 class TurnTimings(_Msg, frozen=True):
     """Seconds spent in each phase of a turn."""
 
@@ -273,7 +292,7 @@ class Trajectory(_Msg, frozen=True):
     reward: float = 0.0
     status: TrajectoryStatus = "exited"
     # Evaluator details (which check passed or failed, unjudged fuzzy matches, ...).
-    evaluation: dict[str, Any] = {}
+    evaluation: Evaluation | None = None
     adapter_versions: list[int] = []
     started_at: float = 0.0
     finished_at: float = 0.0

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from policy.prompt import COMPRESSED_OBSERVATION, SYSTEM_PROMPT, build_messages, strip_thought
+
+
+def test_first_turn_states_task_and_full_observation() -> None:
+    msgs = build_messages("Buy a lamp", [], '<a id="1">Lamps</a>')
+    assert [m.role for m in msgs] == ["system", "user"]
+    assert msgs[0].content == SYSTEM_PROMPT
+    assert msgs[1].content == 'Task: Buy a lamp\n\nRound 0\n<a id="1">Lamps</a>'
+
+
+def test_earlier_observations_compressed_actions_kept() -> None:
+    history = [
+        '<think>find lamps</think><answer>do(action="Click", element="1")</answer>',
+        '<think>open it</think>\n<answer>do(action="Click", element="7")</answer>',
+    ]
+    msgs = build_messages("Buy a lamp", history, "<p>cart</p>")
+    assert [m.role for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[1].content == f"Task: Buy a lamp\n\nRound 0\n{COMPRESSED_OBSERVATION}"
+    assert msgs[3].content == f"Round 1\n{COMPRESSED_OBSERVATION}"
+    assert msgs[2].content == '<answer>do(action="Click", element="1")</answer>'
+    assert msgs[4].content == '<answer>do(action="Click", element="7")</answer>'
+    assert msgs[5].content == "Round 2\n<p>cart</p>"
+    # No earlier page text survives anywhere.
+    assert all("cart" not in m.content for m in msgs[:-1])
+
+
+def test_keep_thoughts() -> None:
+    text = "<think>a</think><answer>go_backward()</answer>"
+    msgs = build_messages("t", [text], "o", keep_thoughts=True)
+    assert msgs[2].content == text
+
+
+def test_strip_thought_handles_several_and_missing() -> None:
+    assert (
+        strip_thought("<think>x</think><think>y</think> <answer>z</answer>") == "<answer>z</answer>"
+    )
+    assert strip_thought("no tags") == "no tags"
