@@ -19,6 +19,7 @@ from msgspec import UNSET, UnsetType
 
 __all__ = [
     "Action",
+    "AdapterManifest",
     "AdapterPublished",
     "AdapterSwapped",
     "ChatMessage",
@@ -335,6 +336,25 @@ class OracleStep(_Msg, frozen=True):
     argument: str | None = None
     message: str | None = None
     thought: str = ""
+
+
+class AdapterManifest(_Msg, frozen=True):
+    """`manifest.json` beside a saved LoRA adapter; checked before it is ever served.
+
+    Written last, after the weights are fsynced; an adapter folder without a manifest, or
+    whose weights do not hash to `weights_sha256`, is half-written and never published.
+    """
+
+    name: str
+    version: int
+    base_model: str
+    base_fingerprint: str
+    weights_sha256: str
+    step: int = 0
+    created_at: float = 0.0
+    lora_rank: int = 0
+    lora_alpha: int = 0
+    target_modules: list[str] = []
 
 
 # --------------------------------------------------------------------------- events
