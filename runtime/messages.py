@@ -12,7 +12,7 @@ This module sits at the bottom of the project: it imports nothing of it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -37,6 +37,9 @@ __all__ = [
     "PolicyRequest",
     "ProgramHtmlCheck",
     "ReferenceAnswers",
+    "RunRequest",
+    "RunState",
+    "RunTurn",
     "TaskConfig",
     "Trajectory",
     "TrajectoryGroup",
@@ -77,8 +80,9 @@ class ReferenceAnswers(_Msg, frozen=True):
     """The answers a string_match evaluator compares the agent's exit message with."""
 
     exact_match: str | int | float | None | UnsetType = UNSET
-    must_include: list[str | int | float] | None | UnsetType = UNSET
-    must_exclude: list[str | int | float] | None | UnsetType = UNSET
+    # Lists of phrases; WebArena-Lite also writes one phrase as a bare string (task 81).
+    must_include: list[str | int | float] | str | int | float | None | UnsetType = UNSET
+    must_exclude: list[str | int | float] | str | int | float | None | UnsetType = UNSET
     fuzzy_match: list[str] | str | None | UnsetType = UNSET
     one_of: list[str | int | float] | None | UnsetType = UNSET
     required_values: list[str | int | float] | None | UnsetType = UNSET
@@ -355,6 +359,49 @@ class AdapterManifest(_Msg, frozen=True):
     lora_rank: int = 0
     lora_alpha: int = 0
     target_modules: list[str] = []
+
+
+# --------------------------------------------------------------------------- agent runs
+
+
+class RunRequest(_Msg, frozen=True, forbid_unknown_fields=True):
+    """`POST /v1/runs`: run the agent on an intent from a start URL."""
+
+    intent: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+    start_url: Annotated[str, msgspec.Meta(pattern=r"^https?://")]
+    # Hosts (or URLs whose host is taken) the agent may visit besides the start URL's.
+    sites: list[str] = []
+    max_turns: Annotated[int, msgspec.Meta(ge=1)] = 15
+    # "policy@v3"; None: the version currently served.
+    adapter: str | None = None
+    # When given, the run is evaluated like a task and its reward reported.
+    evaluation: EvalSpec | None = None
+
+
+class RunTurn(_Msg, frozen=True):
+    """One turn of an agent run as the endpoint reports it."""
+
+    index: int
+    url: str
+    thought: str
+    action: str
+    error: str | None = None
+
+
+class RunState(_Msg, frozen=True):
+    """`GET /v1/runs/{id}`."""
+
+    run_id: str
+    status: Literal["queued", "running", "finished", "failed"]
+    intent: str
+    turns: list[RunTurn] = []
+    answer: str | None = None
+    reward: float | None = None
+    episode_status: str | None = None
+    error: str | None = None
+    adapter: str | None = None
+    created_at: float = 0.0
+    finished_at: float | None = None
 
 
 # --------------------------------------------------------------------------- events

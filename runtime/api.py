@@ -1,0 +1,248 @@
+"""HTTP: the daemon's control API and the agent endpoint, one starlette app.
+
+Routes (every one but `/healthz` needs `Authorization: Bearer <token>` when a token is
+configured; tokens are compared in constant time and never logged):
+
+    GET  /healthz                  liveness, no auth
+    GET  /status                   adapter versions, queues, pools, throughput, success
+    GET  /metrics                  Prometheus text format
+    POST /control/pause            stop starting new turns
+    POST /control/resume
+    POST /policies/load            {"path": DIR}: serve an adapter trained elsewhere
+    POST /v1/runs                  RunRequest -> 202 {"run_id": ...}; 422 names the field,
+                                   429 + Retry-After when the endpoint is full
+    GET  /v1/runs/{id}             RunState
+    GET  /v1/runs/{id}/events      server-sent events: `turn` per turn, then `end`
+
+The app talks to the daemon through two narrow seams: an `Engine` (status, metrics,
+pause, policy loading) and a `RunService` that owns the agent runs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from runtime.messages import RunRequest, RunState, RunTurn
+from runtime.runs import EndpointFull, RunService, UnknownRun
+
+__all__ = ["Engine", "build_app"]
+
+log = structlog.get_logger("runtime.api")
+
+
+class Engine(Protocol):
+    """What the control API needs from the daemon."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def prometheus(self) -> str: ...
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def load_policy(self, path: str) -> str:
+        """Load the adapter at `path`; returns the name it is served under."""
+        ...
+
+
+class PolicyLoad(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    path: str
+
+
+_encoder = msgspec.json.Encoder()
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`")
+
+
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        _encoder.encode(payload), status, headers=headers, media_type="application/json"
+    )
+
+
+def _problem(status: int, error: str, **extra: Any) -> Response:
+    return _json({"error": error, **extra}, status)
+
+
+async def _decode(request: Request, type_: type[Any]) -> Any:
+    """The request body as `type_`, or raise a ready 400/422 response."""
+    body = await request.body()
+    try:
+        raw = msgspec.json.decode(body) if body else None
+    except msgspec.DecodeError as exc:
+        raise _Reject(_problem(400, f"body is not valid JSON: {exc}")) from exc
+    if not isinstance(raw, dict):
+        raise _Reject(_problem(422, "body must be a JSON object", field=""))
+    try:
+        return msgspec.convert(raw, type_)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        match = _AT.search(message)
+        field = match["path"] if match else ""
+        unknown = _UNKNOWN.match(message)
+        if unknown:
+            field = f"{field}.{unknown['name']}" if field else unknown["name"]
+        raise _Reject(_problem(422, message, field=field)) from exc
+
+
+class _Reject(Exception):
+    """Carries a finished error response out of a helper."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class _BearerAuth:
+    """Every route but /healthz needs the configured bearer token."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.token or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = value[7:].strip()
+        if not hmac.compare_digest(given, self.token):
+            response = _problem(401, "missing or wrong bearer token")
+            response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _rejects(handler: Handler) -> Handler:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except _Reject as reject:
+            return reject.response
+
+    return wrapped
+
+
+def build_app(*, engine: Engine | None, runs: RunService | None, token: str = "") -> Starlette:
+    """The app; `engine` None serves the agent endpoint alone (training off)."""
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def status(request: Request) -> Response:
+        payload: dict[str, Any] = engine.status() if engine is not None else {}
+        if runs is not None:
+            payload["runs"] = runs.statistics()
+        return _json(payload)
+
+    async def metrics(request: Request) -> Response:
+        text = engine.prometheus() if engine is not None else ""
+        if runs is not None:
+            text += runs.prometheus()
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def _need_engine() -> Engine:
+        if engine is None:
+            raise _Reject(_problem(409, "training is off in this process"))
+        return engine
+
+    async def pause(request: Request) -> Response:
+        await _need_engine().pause()
+        return _json({"paused": True})
+
+    async def resume(request: Request) -> Response:
+        await _need_engine().resume()
+        return _json({"paused": False})
+
+    async def load_policy(request: Request) -> Response:
+        target = _need_engine()
+        body: PolicyLoad = await _decode(request, PolicyLoad)
+        try:
+            name = await target.load_policy(body.path)
+        except Exception as exc:  # the adapter was refused: say why, keep serving
+            log.warning("policy.load_refused", path=body.path, error=str(exc))
+            return _problem(422, str(exc), field="path")
+        return _json({"adapter": name})
+
+    def _need_runs() -> RunService:
+        if runs is None:
+            raise _Reject(_problem(404, "the agent endpoint is off in this process"))
+        return runs
+
+    async def create_run(request: Request) -> Response:
+        service = _need_runs()
+        body: RunRequest = await _decode(request, RunRequest)
+        try:
+            state = service.submit(body)
+        except EndpointFull as exc:
+            return _json({"error": str(exc)}, 429, headers={"Retry-After": str(exc.retry_after_s)})
+        except ValueError as exc:
+            return _problem(422, str(exc), field="max_turns")
+        return _json({"run_id": state.run_id, "status": state.status}, 202)
+
+    def _run_state(request: Request) -> RunState:
+        run_id = request.path_params["run_id"]
+        try:
+            return _need_runs().get(run_id)
+        except UnknownRun as exc:
+            raise _Reject(_problem(404, str(exc))) from exc
+
+    async def get_run(request: Request) -> Response:
+        return _json(_run_state(request))
+
+    async def run_events(request: Request) -> Response:
+        state = _run_state(request)
+        service = _need_runs()
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for item in service.follow(state.run_id):
+                kind = "turn" if isinstance(item, RunTurn) else "end"
+                yield b"event: " + kind.encode() + b"\ndata: " + _encoder.encode(item) + b"\n\n"
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/status", status),
+        Route("/metrics", metrics),
+        Route("/control/pause", _rejects(pause), methods=["POST"]),
+        Route("/control/resume", _rejects(resume), methods=["POST"]),
+        Route("/policies/load", _rejects(load_policy), methods=["POST"]),
+        Route("/v1/runs", _rejects(create_run), methods=["POST"]),
+        Route("/v1/runs/{run_id}", _rejects(get_run)),
+        Route("/v1/runs/{run_id}/events", _rejects(run_events)),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _problem(404, f"no route {request.method} {request.url.path}")
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return _problem(405, f"{request.method} not allowed on {request.url.path}")
+
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(_BearerAuth, token=token)],
+        exception_handlers={404: not_found, 405: method_not_allowed},
+    )
