@@ -27,6 +27,7 @@ __all__ = [
     "EpisodeFinished",
     "EpisodeStarted",
     "EvalCheck",
+    "EvalFinished",
     "EvalSpec",
     "Evaluation",
     "Event",
@@ -434,6 +435,9 @@ class EpisodeFinished(_Event, frozen=True):
     status: str
     reward: float
     turns: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    split: str = ""
 
 
 class GroupReady(_Event, frozen=True):
@@ -463,6 +467,16 @@ class AdapterSwapped(_Event, frozen=True):
     latency_s: float
 
 
+class EvalFinished(_Event, frozen=True):
+    """Success of one adapter version on an evaluation split."""
+
+    split: str
+    version: int
+    episodes: int
+    success: float
+    by_site: dict[str, float] = {}
+
+
 class Fault(_Event, frozen=True):
     kind: str
     message: str
@@ -477,6 +491,7 @@ Event = (
     | UpdateApplied
     | AdapterPublished
     | AdapterSwapped
+    | EvalFinished
     | Fault
 )
 
