@@ -1,4 +1,4 @@
-"""Chromium through Playwright: which binary, with which flags.
+"""Chromium through Playwright: which binary, with which flags, and the pool of contexts.
 
 Debian's `chromium-headless-shell` is preferred for episodes: on two cores it ran ~3x the
 actions/s of full Chromium at a third of the memory per context (MACHINE_NOTES.md).
@@ -7,9 +7,25 @@ The real binaries are launched, not the wrapper scripts on the PATH.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CHROMIUM_ARGS", "find_chromium"]
+import anyio
+import structlog
+from playwright.async_api import Browser, BrowserContext, Playwright, async_playwright
+from playwright.async_api import Error as PlaywrightError
+
+from runtime.config import BrowserConfig
+from runtime.errors import BrowserError, playwright_errors
+from runtime.session import Allowlist, BrowserSession
+
+__all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
+
+log = structlog.get_logger("runtime.browser")
 
 # Flags that keep Chromium from calling out (this machine has no network, and a closed
 # network makes every background request fail) and from using the GPU.
@@ -45,3 +61,137 @@ def find_chromium(configured: str = "") -> str | None:
         if Path(candidate).is_file():
             return candidate
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """What `BrowserPool.statistics()` reports."""
+
+    contexts_open: int
+    contexts_waiting: int
+    max_contexts: int
+    launches: int
+    crashes: int
+    connected: bool
+
+
+class BrowserPool:
+    """One Chromium per process, one BrowserContext per episode, at most `max_contexts`.
+
+    Use as `async with BrowserPool(config) as pool:` and `async with pool.session(...)`.
+    When Chromium dies, every call of the sessions in flight raises `BrowserError` (their
+    episodes end `error:browser`); the next `session()` relaunches it from the same
+    Playwright object (~0.8 s here) and later episodes run.
+    """
+
+    def __init__(self, config: BrowserConfig) -> None:
+        self.config = config
+        self._limiter = anyio.CapacityLimiter(config.max_contexts)
+        self._launch_lock = anyio.Lock()
+        self._playwright: Playwright | None = None
+        self._browser: Browser | None = None
+        self._launches = 0
+        self._crashes = 0
+
+    async def __aenter__(self) -> BrowserPool:
+        with playwright_errors("start Playwright"):
+            self._playwright = await async_playwright().start()
+        try:
+            await self._ensure_browser()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        with anyio.move_on_after(self.config.close_timeout_s * 2, shield=True):
+            browser, self._browser = self._browser, None
+            if browser is not None:
+                with contextlib.suppress(PlaywrightError):
+                    await browser.close()
+            playwright, self._playwright = self._playwright, None
+            if playwright is not None:
+                with contextlib.suppress(PlaywrightError):
+                    await playwright.stop()
+
+    def statistics(self) -> PoolStatistics:
+        limiter = self._limiter.statistics()
+        return PoolStatistics(
+            contexts_open=limiter.borrowed_tokens,
+            contexts_waiting=limiter.tasks_waiting,
+            max_contexts=self.config.max_contexts,
+            launches=self._launches,
+            crashes=self._crashes,
+            connected=self._browser is not None and self._browser.is_connected(),
+        )
+
+    async def _ensure_browser(self) -> Browser:
+        """The running browser; launches (or relaunches) it when there is none."""
+        async with self._launch_lock:
+            browser = self._browser
+            if browser is not None and browser.is_connected():
+                return browser
+            if self._playwright is None:
+                raise BrowserError("the browser pool is not started (use `async with`)")
+            args = [*CHROMIUM_ARGS, *self.config.extra_args]
+            with playwright_errors("launch Chromium"):
+                browser = await self._playwright.chromium.launch(
+                    executable_path=find_chromium(self.config.executable_path),
+                    args=args,
+                    headless=self.config.headless,
+                )
+            browser.on("disconnected", self._on_disconnected)
+            self._browser = browser
+            self._launches += 1
+            if self._launches > 1:
+                log.warning("browser.relaunched", launches=self._launches, crashes=self._crashes)
+            return browser
+
+    def _on_disconnected(self, browser: Browser) -> None:
+        if browser is self._browser:
+            self._crashes += 1
+            log.warning("browser.disconnected", crashes=self._crashes)
+
+    @asynccontextmanager
+    async def session(
+        self, *, allowed: Sequence[str], cookies: Sequence[dict[str, Any]] = ()
+    ) -> AsyncIterator[BrowserSession]:
+        """A fresh context limited to the hosts of the URLs in `allowed`.
+
+        `cookies` are Playwright cookie dicts (a site tenant's cookie, for instance).
+        Waits for a free slot when `max_contexts` contexts are open.
+        """
+        allowlist = Allowlist.from_urls(allowed)
+        async with self._limiter:
+            context = await self._new_context()
+            session = BrowserSession(context, self.config, allowlist)
+            try:
+                await session.start()
+                if cookies:
+                    with playwright_errors("set cookies"):
+                        await context.add_cookies(list(cookies))  # type: ignore[arg-type]
+                yield session
+            finally:
+                await session.close()
+
+    async def _new_context(self) -> BrowserContext:
+        # A browser that died between the check and the call is relaunched once.
+        for attempt in range(2):
+            browser = await self._ensure_browser()
+            try:
+                with playwright_errors("open a browser context"):
+                    return await browser.new_context(
+                        viewport={
+                            "width": self.config.viewport_width,
+                            "height": self.config.viewport_height,
+                        },
+                        accept_downloads=False,
+                        service_workers="block",
+                    )
+            except BrowserError:
+                if attempt == 1 or browser.is_connected():
+                    raise
+        raise BrowserError("could not open a browser context")  # pragma: no cover

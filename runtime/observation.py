@@ -1,0 +1,569 @@
+"""What the model sees of a page: interactive elements marked with ids, as simplified HTML.
+
+`observe.js` (injected, package data) marks every visible interactive element (links,
+buttons, inputs, selects, textareas, elements with click roles or `onclick`, editable
+elements) with an integer id in DOM order (attribute `data-webagent-id`) and returns the
+visible page as a small tree. `render()` turns that tree into text, deterministically:
+
+- style "html" (WebAgent-R1): `<button id="25">Clear all</button>`; headings, paragraphs,
+  list items and table rows one per line, table cells and labels kept, other markup
+  dropped; attributes from `ObservationConfig.attributes` only; every text run cut to
+  `max_text_chars`.
+- style "compact" (for tiny models, issue 8): text then id, few attributes:
+  `link Electronics [3]`, `input Search products = "shoes" [5]`, `# Heading`, `- item`,
+  table cells joined by ` | `.
+
+The page is rendered from the current scroll position down: lines wholly above the
+viewport are left out (`<!-- 12 lines above: Scroll Up -->`). A hard token budget
+(`max_tokens`) cuts the rest with `<!-- truncated: 312 more lines below -->`.
+
+Tokens are counted with the `count_tokens` given (the policy's tokenizer when there is
+one); the default `estimate_tokens` assumes 3 UTF-8 bytes per token, which over-counts
+for BPE vocabularies of 32k+ (English and HTML average ~3.5-4.5 bytes per token there)
+and so keeps the budget; with a small local vocabulary pass the real tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from html.parser import HTMLParser
+from importlib.resources import files
+from typing import Any, Final
+
+import anyio
+from playwright.async_api import Page
+
+from runtime.config import ObservationConfig
+from runtime.errors import ObservationError, playwright_errors
+
+__all__ = [
+    "ID_ATTRIBUTE",
+    "Element",
+    "Observation",
+    "Snapshot",
+    "estimate_tokens",
+    "observe",
+    "observe_script",
+    "parse_elements",
+    "render",
+    "snapshot",
+]
+
+ID_ATTRIBUTE: Final = "data-webagent-id"
+TokenCounter = Callable[[str], int]
+
+_LINE_TAGS: Final = frozenset(
+    {"h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "tr", "dt", "dd", "caption", "pre"}
+)
+_LINE_TAGS_ALL: Final = _LINE_TAGS | {"blockquote"}
+_INLINE_TAGS: Final = frozenset({"th", "td", "label"})
+_VOID: Final = frozenset({"input", "img"})
+
+
+def estimate_tokens(text: str) -> int:
+    """A conservative token count: one token per 3 UTF-8 bytes, rounded up."""
+    return (len(text.encode("utf-8")) + 2) // 3
+
+
+@cache
+def observe_script() -> str:
+    """The JavaScript function injected into pages (runtime/observe.js)."""
+    return files("runtime").joinpath("observe.js").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One interactive element of an observation, as the model sees it."""
+
+    id: int
+    tag: str
+    text: str
+    attrs: dict[str, str] = field(default_factory=dict)
+    # The option texts of a <select>.
+    options: tuple[str, ...] = ()
+    # tag|text|name|type, as observe.js computes it; checked again before acting.
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What observe.js returned for one page."""
+
+    url: str
+    title: str
+    scroll_y: int
+    viewport_height: int
+    page_height: int
+    root: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One rendered page: the text the model reads and the ids it may act on."""
+
+    url: str
+    title: str
+    text: str
+    digest: str
+    elements: dict[int, Element]
+    tokens: int
+    lines_above: int = 0
+    lines_below: int = 0
+    # Page y of the bottom of the last line shown (where Scroll Down continues).
+    shown_bottom: int = 0
+    scroll_y: int = 0
+    viewport_height: int = 0
+
+
+async def snapshot(page: Page, config: ObservationConfig, *, timeout_s: float) -> Snapshot:
+    """Run observe.js on `page` (under a cancel scope: evaluate has no timeout)."""
+    args = {
+        "idAttr": ID_ATTRIBUTE,
+        "maxText": config.max_text_chars,
+        "attributes": list(config.attributes),
+    }
+    raw: dict[str, Any] | None = None
+    with anyio.move_on_after(timeout_s):
+        with playwright_errors("observe the page"):
+            raw = await page.evaluate(observe_script(), args)
+    if raw is None:
+        raise ObservationError(f"the page did not answer within {timeout_s:g} s")
+    return Snapshot(
+        url=str(raw["url"]),
+        title=str(raw["title"]),
+        scroll_y=int(raw["scrollY"]),
+        viewport_height=int(raw["viewportHeight"]),
+        page_height=int(raw["pageHeight"]),
+        root=raw["root"],
+    )
+
+
+async def observe(
+    page: Page,
+    config: ObservationConfig,
+    *,
+    timeout_s: float,
+    header: Sequence[str] = (),
+    count_tokens: TokenCounter = estimate_tokens,
+) -> Observation:
+    """Mark and render `page`; `header` lines (errors, notices, tabs) go first."""
+    snap = await snapshot(page, config, timeout_s=timeout_s)
+    return render(snap, config, header=header, count_tokens=count_tokens)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@dataclass(slots=True)
+class _Line:
+    text: str
+    bottom: int
+    ids: int
+
+
+class _Writer:
+    """Collects lines; `style` decides how each node is written."""
+
+    def __init__(self, config: ObservationConfig) -> None:
+        self.config = config
+        self.compact = config.style == "compact"
+        self.lines: list[_Line] = []
+        self.elements: dict[int, Element] = {}
+        self._parts: list[str] = []
+        self._bottom = 0
+        self._ids = 0
+
+    # -- line buffer
+    def put(self, text: str, bottom: int, *, spaced: bool = False) -> None:
+        """Append to the current line; `spaced` pieces (elements) get a space each side."""
+        if text:
+            self._parts.append(f" {text} " if spaced else text)
+            self._bottom = max(self._bottom, bottom)
+
+    def flush(self) -> None:
+        text = " ".join("".join(self._parts).split())
+        if text:
+            self.lines.append(_Line(text, self._bottom, self._ids))
+        self._parts, self._bottom, self._ids = [], 0, 0
+
+    # -- nodes
+    def block(self, node: Any, bottom: int) -> None:
+        """Write `node` at block level: line tags and blocks start new lines."""
+        if isinstance(node, str):
+            self.put(self.text(node), bottom)
+            return
+        tag: str = node["t"]
+        here = int(node.get("b", bottom)) or bottom
+        if "i" in node:
+            if self.compact:  # one element per line: "link Electronics [3]"
+                self.flush()
+                self.put(self.interactive(node), here)
+                self.flush()
+            else:
+                self.put(self.interactive(node), here, spaced=True)
+            return
+        if tag in ("", "table") or tag in _LINE_TAGS_ALL:
+            self.flush()
+            if tag == "table" and not self.compact:
+                self.put("<table>", here)
+                self.flush()
+            elif tag in _LINE_TAGS_ALL:
+                self.put(self._open(tag, node) if not self.compact else _PREFIX.get(tag, ""), here)
+            for child in node["c"]:
+                self.block(child, here)
+            if tag in _LINE_TAGS_ALL and not self.compact:
+                self.put(f"</{tag}>", here)
+            self.flush()
+            if tag == "table" and not self.compact:
+                self.put("</table>", here)
+                self.flush()
+            return
+        if self.compact and _has_interactive(node):
+            self.put(_PREFIX.get(tag, ""), here)
+            for child in node["c"]:
+                self.block(child, here)
+            return
+        self.put(self.inline(node), here, spaced=True)
+
+    def inline(self, node: Any) -> str:
+        """`node` and everything under it on one line."""
+        if isinstance(node, str):
+            return self.text(node)
+        if "i" in node:
+            return self.interactive(node)
+        tag: str = node["t"]
+        inner = " ".join(self.inline(child) for child in node["c"]).strip()
+        inner = " ".join(inner.split())
+        if self.compact:
+            if tag == "img":
+                return f"image {node['a'].get('alt', '')}"
+            if tag in ("td", "th"):
+                return f"| {inner}"
+            return inner
+        if tag == "":
+            return inner
+        if tag in _VOID:
+            return self._open(tag, node)
+        return f"{self._open(tag, node)}{inner}</{tag}>"
+
+    def interactive(self, node: Any) -> str:
+        element_id = int(node["i"])
+        tag: str = node["t"]
+        attrs: dict[str, str] = {
+            k: _clip(str(v), self.config.max_text_chars) for k, v in node["a"].items()
+        }
+        if tag == "select":
+            options = tuple(self.text(o["c"][0]).strip() if o["c"] else "" for o in node["c"])
+            selected = [i for i, o in enumerate(node["c"]) if "selected" in o.get("a", {})]
+            inner_nodes = node["c"]
+            text = ""
+        else:
+            options = ()
+            selected = []
+            inner_nodes = node["c"]
+            text = " ".join(" ".join(self.inline(c) for c in inner_nodes).split())
+        self.elements[element_id] = Element(
+            id=element_id,
+            tag=tag,
+            text=_plain(text),
+            attrs=attrs,
+            options=options,
+            fingerprint=str(node.get("f", "")),
+        )
+        self._ids += 1
+        if self.compact:
+            return _compact_interactive(
+                element_id, tag, text=text, attrs=attrs, options=options, selected=selected
+            )
+        open_tag = self._open(tag, {"a": attrs}, element_id=element_id)
+        if tag == "select":
+            inner = "".join(
+                f"<option{' selected' if i in selected else ''}>{_escape(opt)}</option>"
+                for i, opt in enumerate(options)
+            )
+            return f"{open_tag}{inner}</select>"
+        if tag in _VOID:
+            return open_tag
+        return f"{open_tag}{text}</{tag}>"
+
+    def text(self, raw: str) -> str:
+        return _escape(_clip(raw, self.config.max_text_chars, keep_edges=True))
+
+    def _open(self, tag: str, node: Any, *, element_id: int | None = None) -> str:
+        parts = [tag]
+        if element_id is not None:
+            parts.append(f'id="{element_id}"')
+        for name in self.config.attributes:
+            value = node.get("a", {}).get(name)
+            if value is None:
+                continue
+            parts.append(name if value == "" else f'{name}="{_attr(value)}"')
+        return "<" + " ".join(parts) + ">"
+
+
+def _has_interactive(node: Any) -> bool:
+    if isinstance(node, str):
+        return False
+    return "i" in node or any(_has_interactive(child) for child in node["c"])
+
+
+_PREFIX: Final = {
+    "h1": "# ",
+    "h2": "## ",
+    "h3": "### ",
+    "h4": "#### ",
+    "h5": "##### ",
+    "h6": "###### ",
+    "li": "- ",
+    "dt": "",
+    "dd": "  ",
+    "td": "| ",
+    "th": "| ",
+}
+
+_KIND: Final = {"a": "link", "button": "button", "select": "select", "textarea": "textarea"}
+_COMPACT_LABEL: Final = ("aria-label", "placeholder", "title", "name", "alt")
+
+
+def _compact_interactive(
+    element_id: int,
+    tag: str,
+    *,
+    text: str,
+    attrs: dict[str, str],
+    options: tuple[str, ...],
+    selected: list[int],
+) -> str:
+    kind = _KIND.get(tag)
+    if tag == "input":
+        input_type = attrs.get("type", "text").lower()
+        kind = input_type if input_type in ("checkbox", "radio", "submit", "button") else "input"
+    if kind is None:
+        kind = attrs.get("role") or tag
+    label = text or next((attrs[name] for name in _COMPACT_LABEL if attrs.get(name)), "")
+    if tag == "input" and kind in ("submit", "button") and not label:
+        label = attrs.get("value", "")
+    out = f"{kind} {label}".rstrip()
+    if tag == "input" and kind not in ("submit", "button", "checkbox", "radio"):
+        value = attrs.get("value")
+        if value:
+            out += f' = "{value}"'
+    if "checked" in attrs:
+        out += " (checked)"
+    if tag == "select":
+        shown = [f"{o} (selected)" if i in selected else o for i, o in enumerate(options)]
+        return f"{out} [{element_id}]: {' | '.join(shown)}"
+    return f"{out} [{element_id}]"
+
+
+def _clip(text: str, limit: int, *, keep_edges: bool = False) -> str:
+    """`text` cut to `limit` characters with an ellipsis (edge spaces kept if asked)."""
+    if len(text.strip()) <= limit:
+        return text if keep_edges else text.strip()
+    core = text.strip()[: max(limit - 1, 1)].rstrip() + "…"
+    if keep_edges:
+        lead = " " if text[:1].isspace() else ""
+        trail = " " if text[-1:].isspace() else ""
+        return lead + core + trail
+    return core
+
+
+_TAG_LIKE = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def _escape(text: str) -> str:
+    """Text that cannot be read as markup: only a `<` that starts a tag is escaped."""
+    return _TAG_LIKE.sub("&lt;", text)
+
+
+def _attr(value: str) -> str:
+    return value.replace("&", "&amp;").replace('"', "&quot;")
+
+
+def _plain(rendered: str) -> str:
+    """Visible text of an inline rendering (tags of nested elements removed)."""
+    return " ".join(re.sub(r"<[^>]*>", " ", rendered).split()).replace("&lt;", "<")
+
+
+def render(
+    snap: Snapshot,
+    config: ObservationConfig,
+    *,
+    header: Sequence[str] = (),
+    count_tokens: TokenCounter = estimate_tokens,
+) -> Observation:
+    """The observation text of `snap`: header, then lines from the scroll position down,
+    cut to `config.max_tokens` tokens (as `count_tokens` counts them)."""
+    writer = _Writer(config)
+    writer.block(snap.root, 0)
+    writer.flush()
+    lines = writer.lines
+    above = 0
+    if snap.scroll_y > 0:
+        kept = [line for line in lines if line.bottom > snap.scroll_y]
+        above = len(lines) - len(kept)
+        lines = kept
+    head = [*header, f"URL: {snap.url}"] if config.show_url else list(header)
+    if snap.title:
+        head.append(f"Title: {snap.title}")
+    if above:
+        head.append(f"<!-- {above} lines above: Scroll Up to see them -->")
+    budget = config.max_tokens
+    used = sum(count_tokens(line) + 1 for line in head)
+    shown: list[_Line] = []
+    marker_reserve = count_tokens("<!-- truncated: 100000 more lines below -->") + 1
+    for index, line in enumerate(lines):
+        cost = count_tokens(line.text) + 1
+        rest_needs_marker = index < len(lines) - 1
+        if used + cost + (marker_reserve if rest_needs_marker else 0) > budget:
+            break
+        shown.append(line)
+        used += cost
+    text = _assemble(head, shown, len(lines) - len(shown))
+    # Counting line by line may differ from counting the whole text: drop lines to fit.
+    while count_tokens(text) > budget and shown:
+        cut = max(1, len(shown) // 8)
+        shown = shown[:-cut]
+        text = _assemble(head, shown, len(lines) - len(shown))
+    elements = _visible_elements(writer, shown)
+    return Observation(
+        url=snap.url,
+        title=snap.title,
+        text=text,
+        digest=hashlib.sha256(text.encode("utf-8")).hexdigest()[:16],
+        elements=elements,
+        tokens=count_tokens(text),
+        lines_above=above,
+        lines_below=len(lines) - len(shown),
+        shown_bottom=max((line.bottom for line in shown), default=snap.scroll_y),
+        scroll_y=snap.scroll_y,
+        viewport_height=snap.viewport_height,
+    )
+
+
+def _assemble(head: list[str], shown: list[_Line], below: int) -> str:
+    body = [line.text for line in shown]
+    if below:
+        body.append(f"<!-- truncated: {below} more lines below -->")
+    return "\n".join([*head, *body])
+
+
+def _visible_elements(writer: _Writer, shown: list[_Line]) -> dict[int, Element]:
+    """The elements whose ids appear in the shown text (the only ones the model can use)."""
+    text = "\n".join(line.text for line in shown)
+    if writer.compact:
+        present = {int(m) for m in re.findall(r"\[(\d+)\]", text)}
+    else:
+        present = {int(m) for m in re.findall(r' id="(\d+)"', text)}
+    return {i: e for i, e in writer.elements.items() if i in present}
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _ElementParser(HTMLParser):
+    """Reads back the interactive elements of an "html" style observation."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[Element] = []
+        self._open: list[tuple[int, str, dict[str, str], list[str], list[str]]] = []
+        self._option: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {k: ("" if v is None else v) for k, v in attrs}
+        if tag == "option" and self._open:
+            self._option = []
+            return
+        raw_id = values.pop("id", None)
+        if raw_id is None or not raw_id.isdecimal():
+            return
+        if tag in _VOID:
+            self.found.append(Element(id=int(raw_id), tag=tag, text="", attrs=values))
+            return
+        self._open.append((int(raw_id), tag, values, [], []))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "option" and self._option is not None and self._open:
+            self._open[-1][4].append(" ".join("".join(self._option).split()))
+            self._option = None
+            return
+        if self._open and self._open[-1][1] == tag:
+            element_id, name, attrs, text, options = self._open.pop()
+            self.found.append(
+                Element(
+                    id=element_id,
+                    tag=name,
+                    text=" ".join("".join(text).split()),
+                    attrs=attrs,
+                    options=tuple(options),
+                )
+            )
+
+    def handle_data(self, data: str) -> None:
+        if self._option is not None:
+            self._option.append(data)
+            return
+        for entry in self._open:
+            entry[3].append(data)
+
+
+def parse_elements(text: str, style: str = "html") -> list[Element]:
+    """The interactive elements of a rendered observation, in id order.
+
+    This reads only what the model reads; the oracle resolves its targets with it.
+    For "compact" observations tags are recovered from the kind word (link -> a) and the
+    label is the only attribute (under "label").
+    """
+    if style == "compact":
+        return sorted(_parse_compact(text), key=lambda e: e.id)
+    parser = _ElementParser()
+    for line in text.splitlines():
+        if line.startswith(("URL: ", "Title: ", "Error: ", "Note: ", "Tabs: ")):
+            continue
+        parser.feed(line + "\n")
+    parser.close()
+    return sorted(parser.found, key=lambda e: e.id)
+
+
+_COMPACT_ELEMENT: Final = re.compile(
+    r"^(?P<kind>[A-Za-z][\w-]*)(?: (?P<body>.*?))? \[(?P<id>\d+)\](?:: (?P<opts>.*))?$"
+)
+_COMPACT_VALUE: Final = re.compile(r' = "(?P<value>.*)"$')
+_TAG_OF_KIND: Final = {"link": "a", "checkbox": "input", "radio": "input", "submit": "input"}
+
+
+def _parse_compact(text: str) -> list[Element]:
+    found: list[Element] = []
+    for line in text.splitlines():
+        match = _COMPACT_ELEMENT.match(line)
+        if match is None:
+            continue
+        kind = match["kind"]
+        body = (match["body"] or "").strip()
+        attrs = {"kind": kind}
+        if body.endswith(" (checked)") or body == "(checked)":
+            body = body.removesuffix("(checked)").strip()
+            attrs["checked"] = ""
+        value = _COMPACT_VALUE.search(body)
+        if value is not None:
+            attrs["value"] = value["value"]
+            body = body[: value.start()].strip()
+        attrs["label"] = body
+        options: tuple[str, ...] = ()
+        if match["opts"] is not None:
+            options = tuple(o.removesuffix(" (selected)") for o in match["opts"].split(" | "))
+        found.append(
+            Element(
+                id=int(match["id"]),
+                tag=_TAG_OF_KIND.get(kind, kind),
+                text=body,
+                attrs=attrs,
+                options=options,
+            )
+        )
+    return found

@@ -1,0 +1,520 @@
+"""One episode's browser: a BrowserContext, its tabs, the host allowlist, and the actions.
+
+`BrowserSession` is made by `BrowserPool.session()`. It
+
+- enforces the allowlist by request routing: requests to other hosts are aborted; a
+  blocked navigation is reported to the model in the next observation; `Goto` refuses
+  other hosts and every scheme but http(s) before navigating (Chromium itself refuses
+  page-initiated top-level navigations to `data:`, `file:` and `chrome:` URLs, and any tab
+  found on such a URL after an action is closed or sent back);
+- tracks tabs: popups and pages opened with target=_blank join `pages` and become the
+  current tab; `Switch Tab` picks one by index;
+- dismisses dialogs (accepting only `beforeunload`, so navigation goes on) and refuses
+  downloads, reporting both in the next observation;
+- executes every action of the DSL for real, on elements named by the ids of the last
+  observation; an id whose element is gone or changed since is an `ElementNotFound`,
+  never an action on another element.
+
+Every Playwright call runs under `playwright_errors`, so only the runtime's errors leave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urljoin, urlsplit
+
+import anyio
+import structlog
+from playwright.async_api import BrowserContext, Dialog, Download, Page, Request, Route
+from playwright.async_api import Error as PlaywrightError
+
+from runtime.config import BrowserConfig, ObservationConfig
+from runtime.errors import (
+    ActionError,
+    BrowserError,
+    ElementNotFound,
+    NavigationBlocked,
+    playwright_errors,
+)
+from runtime.messages import Action
+from runtime.observation import (
+    ID_ATTRIBUTE,
+    Observation,
+    TokenCounter,
+    estimate_tokens,
+    observe,
+)
+
+__all__ = ["Allowlist", "BrowserSession"]
+
+log = structlog.get_logger("runtime.session")
+
+# Finds the element marked `id` by the last observation and returns its fingerprint,
+# computed exactly as observe.js does; null when it is gone.
+_CHECK: Final = """(a) => {
+  const el = (window.__webagentMarks || [])[a.id - 1];
+  if (!el || !el.isConnected || el.getAttribute(a.attr) !== String(a.id)) return null;
+  const collapse = (s) => s.replace(/\\s+/g, " ");
+  const fp = el.tagName.toLowerCase() + "|" + collapse(el.textContent || "").trim().slice(0, 100) +
+    "|" + (el.getAttribute("name") || "") + "|" + (el.getAttribute("type") || "");
+  // Does a click open a new tab (a link or a form with a target other than this tab)?
+  const other = (t) => !!t && !["_self", "_top", "_parent"].includes(t.toLowerCase());
+  const link = el.closest("a[href], area[href]");
+  const form = el.form || el.closest("form");
+  const submits = el.tagName === "BUTTON" || ["submit", "image"].includes((el.type || "").toLowerCase());
+  const tab = (link !== null && other(link.getAttribute("target"))) ||
+    (form !== null && submits && other(el.getAttribute("formtarget") || form.getAttribute("target")));
+  return [fp, tab];
+}"""
+
+_SCROLL: Final = (
+    "(y) => { window.scrollTo({top: y, left: 0, behavior: 'instant'}); return window.scrollY; }"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Allowlist:
+    """Hosts a session may reach: (host, port) pairs; port None allows every port."""
+
+    origins: frozenset[tuple[str, int | None]]
+
+    @classmethod
+    def from_urls(cls, urls: Sequence[str]) -> Allowlist:
+        """The origins of `urls` ("http://127.0.0.1:8001/x" -> 127.0.0.1:8001)."""
+        origins: set[tuple[str, int | None]] = set()
+        for url in urls:
+            parts = urlsplit(url if "//" in url else f"//{url}")
+            if parts.hostname:
+                origins.add((parts.hostname.lower(), _port(parts)))
+        return cls(frozenset(origins))
+
+    def allows(self, url: str) -> bool:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        host = parts.hostname.lower()
+        port = _port(parts)
+        return (host, port) in self.origins or (host, None) in self.origins
+
+    def describe(self) -> str:
+        return ", ".join(sorted(h if p is None else f"{h}:{p}" for h, p in self.origins))
+
+
+def _port(parts: Any) -> int | None:
+    try:
+        port: int | None = parts.port
+    except ValueError:
+        return None
+    if port is None and parts.scheme in ("http", "https"):
+        return 80 if parts.scheme == "http" else 443
+    return port
+
+
+def _is_safe_idle(url: str) -> bool:
+    """Pages that are on no host at all and harmless: the blank page."""
+    return url in ("about:blank", "")
+
+
+class BrowserSession:
+    """One episode's BrowserContext; made by `BrowserPool.session()`."""
+
+    def __init__(
+        self,
+        context: BrowserContext,
+        config: BrowserConfig,
+        allowlist: Allowlist,
+    ) -> None:
+        self.context = context
+        self.config = config
+        self.allowlist = allowlist
+        self.pages: list[Page] = []
+        self.active: Page | None = None
+        self.notices: list[str] = []
+        self.observation: Observation | None = None
+        # Navigations blocked since the last observation (shown as errors), by page.
+        self.blocked: list[str] = []
+        self._blocked_pages: list[Page] = []
+        self._opening = False
+        self._crashed = False
+        self._new_page = anyio.Event()
+
+    # ------------------------------------------------------------------ setup
+
+    async def start(self) -> None:
+        """Install routing and tab tracking; called once by the pool."""
+        self.context.set_default_timeout(self.config.action_timeout_s * 1000)
+        self.context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
+        self.context.on("page", self._on_page)
+        with playwright_errors("set up the browser context"):
+            await self.context.route("**/*", self._route)
+
+    async def open(self, urls: Sequence[str]) -> None:
+        """Open the start URLs, one tab each; the first tab is the current one."""
+        if not urls:
+            raise ValueError("open() needs at least one URL")
+        for url in urls:
+            if not self.allowlist.allows(url):
+                raise NavigationBlocked(f"start URL {url} is not on an allowed host")
+        for url in urls:
+            self._opening = True
+            try:
+                with playwright_errors("open a tab"):
+                    page = await self.context.new_page()
+            finally:
+                self._opening = False
+            self._adopt(page)
+            await self._navigate(page, url)
+        self.active = self.pages[0]
+        with playwright_errors("bring the first tab to front"):
+            await self.active.bring_to_front()
+
+    @property
+    def page(self) -> Page:
+        if self.active is None or self.active.is_closed():
+            if not self.pages:
+                raise BrowserError("the episode has no open tab")
+            self.active = self.pages[-1]
+        return self.active
+
+    # ------------------------------------------------------------------ events
+
+    def _adopt(self, page: Page) -> None:
+        if page in self.pages:
+            return
+        self.pages.append(page)
+        page.on("dialog", self._on_dialog)
+        page.on("download", self._on_download)
+        page.on("close", self._on_close)
+        page.on("crash", self._on_crash)
+
+    def _on_page(self, page: Page) -> None:
+        known = page in self.pages or self._opening
+        self._adopt(page)
+        self._new_page.set()
+        if not known:
+            self.active = page
+            self.notices.append(f"a new tab opened (tab {len(self.pages) - 1}) and is now current")
+
+    def _on_close(self, page: Page) -> None:
+        if page in self.pages:
+            self.pages.remove(page)
+        if self.active is page:
+            self.active = self.pages[-1] if self.pages else None
+
+    def _on_crash(self, page: Page) -> None:
+        self._crashed = True
+
+    async def _on_dialog(self, dialog: Dialog) -> None:
+        kind = dialog.type
+        message = " ".join(dialog.message.split())[:200]
+        try:
+            if kind == "beforeunload":
+                await dialog.accept()
+            else:
+                await dialog.dismiss()
+        except PlaywrightError:
+            return
+        verb = "accepted" if kind == "beforeunload" else "dismissed"
+        self.notices.append(f'a dialog ({kind}) said "{message}" and was {verb}')
+
+    def _on_download(self, download: Download) -> None:
+        self.notices.append(f"a download ({download.suggested_filename}) was refused")
+
+    async def _route(self, route: Route, request: Request) -> None:
+        url = request.url
+        try:
+            if self.allowlist.allows(url):
+                await route.continue_()
+                return
+            if request.is_navigation_request() and request.frame.parent_frame is None:
+                self.blocked.append(
+                    f"navigation to {_short(url)} was blocked: only {self.allowlist.describe()} "
+                    "may be visited"
+                )
+                self._blocked_pages.append(request.frame.page)
+            await route.abort("blockedbyclient")
+        except PlaywrightError:  # the context is closing; nothing to route any more
+            return
+
+    def drain_notices(self) -> list[str]:
+        notices, self.notices = self.notices, []
+        return notices
+
+    def tabs_line(self) -> str | None:
+        """`Tabs: [0] Shop | [1] Docs (current)` when more than one tab is open."""
+        if len(self.pages) < 2:
+            return None
+        parts = []
+        for index, page in enumerate(self.pages):
+            mark = " (current)" if page is self.active else ""
+            parts.append(f"[{index}] {_short(page.url, 60)}{mark}")
+        return "Tabs: " + " | ".join(parts)
+
+    # ------------------------------------------------------------------ observing
+
+    async def observe(
+        self,
+        config: ObservationConfig,
+        *,
+        error: str | None = None,
+        count_tokens: TokenCounter = estimate_tokens,
+        timeout_s: float | None = None,
+    ) -> Observation:
+        """The current tab rendered; `error` (the last action's) and notices go on top."""
+        self._check_alive()
+        await self._settle()
+        header = [f"Error: {error}"] if error else []
+        header += [f"Error: {blocked}" for blocked in self.blocked]
+        self.blocked = []
+        header += [f"Note: {notice}" for notice in self.drain_notices()]
+        tabs = self.tabs_line()
+        if tabs:
+            header.append(tabs)
+        self.observation = await observe(
+            self.page,
+            config,
+            timeout_s=timeout_s or self.config.observation_timeout_s,
+            header=header,
+            count_tokens=count_tokens,
+        )
+        return self.observation
+
+    # ------------------------------------------------------------------ acting
+
+    async def execute(self, action: Action, *, timeout_s: float | None = None) -> None:
+        """Carry out `action` on the current tab; raises ActionError for the model."""
+        self._check_alive()
+        limit = timeout_s or self.config.action_timeout_s
+        ms = limit * 1000
+        # The outer scope also bounds calls that have no Playwright timeout of their own.
+        with anyio.fail_after(limit + self.config.navigation_timeout_s + 5):
+            match action.kind:
+                case "go_backward" | "go_forward":
+                    page = self.page
+                    before = page.url
+                    with playwright_errors(action.kind.replace("_", " "), action=True):
+                        if action.kind == "go_backward":
+                            response = await page.go_back(timeout=self._nav_ms())
+                        else:
+                            response = await page.go_forward(timeout=self._nav_ms())
+                    if response is None and page.url == before:
+                        where = "earlier" if action.kind == "go_backward" else "later"
+                        raise ActionError(f"there is no {where} page in this tab's history")
+                case "exit":
+                    return
+                case "do":
+                    await self._do(action, ms)
+                case _:
+                    raise ActionError(f"unknown action kind {action.kind}")
+        await self._police_tabs()
+
+    async def _do(self, action: Action, ms: float) -> None:
+        name = action.name
+        if name in ("Scroll Up", "Scroll Down"):
+            await self._scroll(down=name == "Scroll Down")
+        elif name == "Press Enter":
+            with playwright_errors("Press Enter", action=True):
+                await self.page.keyboard.press("Enter")
+        elif name == "Wait":
+            await anyio.sleep(self.config.wait_action_s)
+        elif name == "Switch Tab":
+            index = int(action.argument or "0")
+            if not 0 <= index < len(self.pages):
+                raise ActionError(
+                    f"there is no tab {index}; open tabs are 0 to {len(self.pages) - 1}"
+                )
+            self.active = self.pages[index]
+            with playwright_errors("Switch Tab", action=True):
+                await self.active.bring_to_front()
+        elif name == "Goto":
+            await self._goto(action.argument or "")
+        else:
+            await self._on_element(action, ms)
+
+    async def _on_element(self, action: Action, ms: float) -> None:
+        name = action.name
+        element_id = action.element
+        if element_id is None:
+            raise ActionError(f"{name} needs an element id")
+        observed = self.observation.elements.get(element_id) if self.observation else None
+        if observed is None:
+            raise ElementNotFound(f"there is no element {element_id} in the current page view")
+        page = self.page
+        with anyio.move_on_after(self.config.observation_timeout_s) as scope:
+            with playwright_errors(f"{name} on element {element_id}"):
+                current = await page.evaluate(_CHECK, {"id": element_id, "attr": ID_ATTRIBUTE})
+        if scope.cancelled_caught:
+            raise ActionError(f"the page did not answer while looking up element {element_id}")
+        if current is None:
+            raise ElementNotFound(f"element {element_id} is not on the page any more")
+        fingerprint, opens_tab = current
+        if observed.fingerprint and fingerprint != observed.fingerprint:
+            raise ElementNotFound(
+                f"element {element_id} changed since the page was shown; look at the page again"
+            )
+        locator = page.locator(f'[{ID_ATTRIBUTE}="{element_id}"]')
+        what = f"{name} on element {element_id}"
+        with playwright_errors(what, action=True):
+            match name:
+                case "Click":
+                    self._new_page = anyio.Event()
+                    await locator.click(timeout=ms)
+                    if opens_tab:
+                        # The new tab's page event comes after the click returns.
+                        with anyio.move_on_after(self.config.navigation_timeout_s):
+                            await self._new_page.wait()
+                case "Right Click":
+                    await locator.click(button="right", timeout=ms)
+                case "Hover":
+                    await locator.hover(timeout=ms)
+                case "Type":
+                    await locator.fill(action.argument or "", timeout=ms)
+                case "Search":
+                    await locator.fill(action.argument or "", timeout=ms)
+                    await locator.press("Enter", timeout=ms)
+                case "Select Dropdown Option":
+                    index = _option_index(
+                        observed.tag, observed.options, action.argument or "", element_id
+                    )
+                    await locator.select_option(index=index, timeout=ms)
+                case _:
+                    raise ActionError(f"{name} does not act on an element")
+
+    async def _goto(self, raw: str) -> None:
+        url = raw.strip()
+        base = self.page.url
+        if "://" not in url and not url.startswith(
+            ("about:", "data:", "javascript:", "file:", "chrome:")
+        ):
+            url = urljoin(base, url)
+        if not self.allowlist.allows(url):
+            scheme = urlsplit(url).scheme
+            if scheme not in ("http", "https"):
+                raise NavigationBlocked(
+                    f"Goto {_short(url)} refused: only http(s) URLs may be visited"
+                )
+            raise NavigationBlocked(
+                f"Goto {_short(url)} blocked: only {self.allowlist.describe()} may be visited"
+            )
+        await self._navigate(self.page, url, action=True)
+
+    async def _navigate(self, page: Page, url: str, *, action: bool = False) -> None:
+        with playwright_errors(f"go to {_short(url)}", action=action):
+            await page.goto(url, wait_until="load", timeout=self._nav_ms())
+
+    async def _scroll(self, *, down: bool) -> None:
+        obs = self.observation
+        page = self.page
+        height = self.config.viewport_height
+        current = obs.scroll_y if obs else 0
+        step = int(height * 0.8)
+        if down:
+            target = current + step
+            # Continue exactly below the last line the model saw, if the text was cut.
+            if obs and obs.lines_below and current + 50 < obs.shown_bottom < target:
+                target = obs.shown_bottom
+        else:
+            target = max(0, current - step)
+        with anyio.move_on_after(self.config.action_timeout_s) as scope:
+            with playwright_errors("scroll", action=True):
+                await page.evaluate(_SCROLL, target)
+        if scope.cancelled_caught:
+            raise ActionError("the page did not answer while scrolling")
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def _nav_ms(self) -> float:
+        return self.config.navigation_timeout_s * 1000
+
+    def _check_alive(self) -> None:
+        if self._crashed:
+            raise BrowserError("the page crashed")
+        if not self.pages:
+            raise BrowserError("every tab of the episode is closed")
+
+    async def _settle(self) -> None:
+        """Let a navigation that an action started finish loading (bounded, never fails)."""
+        page = self.page
+        with anyio.move_on_after(self.config.navigation_timeout_s):
+            try:
+                await page.wait_for_load_state("load", timeout=self._nav_ms())
+            except PlaywrightError as exc:
+                if "closed" in str(exc) or type(exc).__name__ == "TargetClosedError":
+                    raise BrowserError(f"the page closed: {exc}") from exc
+
+    async def _police_tabs(self) -> None:
+        """Undo blocked navigations; close or send back tabs outside the allowlist."""
+        blocked, self._blocked_pages = self._blocked_pages, []
+        for page in dict.fromkeys(blocked):
+            if page.is_closed():
+                continue
+            await self._undo_blocked(page)
+        for page in list(self.pages):
+            url = page.url
+            if (
+                _is_safe_idle(url)
+                or self.allowlist.allows(url)
+                or url.startswith("chrome-error://")
+            ):
+                continue
+            self.notices.append(f"the page {_short(url)} is not allowed and was closed")
+            with playwright_errors("close a tab that left the allowlist"):
+                if len(self.pages) > 1:
+                    await page.close()
+                else:
+                    await page.goto("about:blank")
+
+    async def _undo_blocked(self, page: Page) -> None:
+        """A tab whose navigation was aborted shows Chromium's error page: go back from it
+        (or close the tab when it has nothing to go back to)."""
+        with anyio.move_on_after(self.config.action_timeout_s):
+            try:
+                await page.wait_for_url(
+                    lambda url: url.startswith("chrome-error://"), timeout=self._nav_ms()
+                )
+            except PlaywrightError:
+                return
+        if not page.url.startswith("chrome-error://"):
+            return
+        with playwright_errors("go back from a blocked navigation"):
+            response = await page.go_back(timeout=self._nav_ms())
+            if response is None and page.url.startswith("chrome-error://"):
+                if len(self.pages) > 1:
+                    await page.close()
+                else:
+                    await page.goto("about:blank")
+
+    async def close(self) -> None:
+        """Close the context (shielded and bounded: cleanup runs even when cancelled)."""
+        with anyio.move_on_after(self.config.close_timeout_s, shield=True):
+            try:
+                await self.context.close()
+            except PlaywrightError as exc:
+                log.debug("session.close_failed", error=str(exc))
+
+
+def _option_index(tag: str, options: tuple[str, ...], wanted: str, element_id: int) -> int:
+    """The index of the <select> option whose shown text `wanted` names.
+
+    Exact text first, then ignoring case and spacing, then (for texts the observation cut
+    with "…") the shown prefix.
+    """
+    if tag != "select":
+        raise ActionError(f"element {element_id} is not a dropdown (<select>); click it instead")
+    if wanted in options:
+        return options.index(wanted)
+    folded = " ".join(wanted.split()).casefold()
+    for index, option in enumerate(options):
+        if " ".join(option.split()).casefold() == folded:
+            return index
+    for index, option in enumerate(options):
+        if option.endswith("…") and folded.startswith(option[:-1].casefold()):
+            return index
+    shown = ", ".join(repr(o) for o in options[:20])
+    raise ActionError(f"element {element_id} has no option {wanted!r}; its options are {shown}")
+
+
+def _short(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
