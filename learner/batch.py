@@ -291,8 +291,9 @@ def collate(
     )
 
 
-def policy_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
-    """[N, K] log-probs of `batch.targets` under `model` (a causal LM, peft or not)."""
+def policy_logprobs(model: Any, batch: MicroBatch, *, temperature: float = 1.0) -> torch.Tensor:
+    """[N, K] log-probs of `batch.targets` under `model` (a causal LM, peft or not), with
+    the logits divided by the sampling `temperature` (what the server sampled from)."""
     from learner.loss import token_logprobs
 
     k = batch.completion_width
@@ -304,4 +305,6 @@ def policy_logprobs(model: Any, batch: MicroBatch) -> torch.Tensor:
         use_cache=False,
     )
     logits = out.logits[:, :-1, :]
+    if temperature != 1.0:
+        logits = logits / temperature
     return token_logprobs(logits, batch.targets)

@@ -1,0 +1,350 @@
+"""The torch side of the learner: model, LoRA, AdamW, schedule, one M-GRPO update, state I/O.
+
+Everything here is synchronous and runs in ONE worker thread (`learner.trainer` calls it
+through `anyio.to_thread.run_sync`); nothing here touches the event loop.
+
+One update (`Engine.update`):
+1. advantages per group (`learner.loss.group_advantages`), per-turn samples with the
+   triple-mean weights (`learner.batch.build_samples`), micro-batches by token budget;
+2. old log-probs: recomputed by the learner before any step (`recompute_logprobs`, the
+   default; eval mode, no grad), or the server's (`Turn.completion_logprobs`);
+3. reference log-probs with the adapter disabled (the base model), only when kl_beta > 0;
+4. `optimizer_steps` times: zero grads, forward/backward every micro-batch (the loss is a
+   token sum, so gradients accumulate to the exact full-batch gradient), clip the grad
+   norm, AdamW step, lr schedule step;
+5. version += 1: save the adapter atomically, then the checkpoint (learner.checkpoint).
+
+Learning-rate schedule (per optimizer step): linear warm-up from lr/warmup to lr over
+`warmup_steps`, then constant, or cosine decay to 0 at `total_steps` (`schedule`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from learner.batch import Decode, MicroBatch, build_samples, collate, micro_batches, policy_logprobs
+from learner.checkpoint import (
+    LearnerState,
+    Ledger,
+    SavedCheckpoint,
+    latest_checkpoint,
+    remove_orphan_adapters,
+    write_checkpoint,
+)
+from learner.errors import BatchError, CheckpointError
+from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapter
+from learner.loss import group_advantages, mgrpo_loss
+from runtime.config import LearnerConfig
+from runtime.messages import TrajectoryGroup
+
+__all__ = ["Engine", "UpdateResult", "lr_factor", "resolve_device"]
+
+
+def resolve_device(device: str) -> str:
+    """ "auto" -> "cuda" when torch sees a GPU, else "cpu"."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def lr_factor(step: int, *, warmup: int, schedule: str, total: int) -> float:
+    """Multiplier of the base lr at optimizer step `step` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "cosine" and total > warmup:
+        progress = min(1.0, (step - warmup) / (total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateResult:
+    """What one update did."""
+
+    version: int
+    step: int
+    adapter_path: Path
+    metrics: dict[str, float]
+
+
+class Engine:
+    """Model, adapter, optimizer and checkpoints of one learner folder."""
+
+    def __init__(
+        self,
+        config: LearnerConfig,
+        *,
+        base_model: str | Path,
+        out_dir: str | Path,
+        adapter_prefix: str = "policy",
+        decode: Decode | None = None,
+        temperature: float = 1.0,
+    ) -> None:
+        self.config = config
+        self.temperature = temperature
+        self.base_model = str(base_model)
+        self.out_dir = Path(out_dir)
+        self.prefix = adapter_prefix
+        self.decode = decode
+        self.adapters_dir = self.out_dir / "adapters"
+        self.checkpoints_dir = self.out_dir / "checkpoints"
+        self.state: LearnerState | None = None
+        self._model: Any = None
+        self._optimizer: Any = None
+        self._scheduler: Any = None
+        self._device = "cpu"
+        self._pad_id = 0
+        if config.mask_think and decode is None:
+            raise BatchError("mask_think needs the tokenizer's decode function")
+
+    # ------------------------------------------------------------------ opening
+
+    def open(self) -> LearnerState:
+        """Load the base model with a LoRA; resume the newest checkpoint or start v0."""
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        self._device = resolve_device(self.config.device)
+        fingerprint = base_fingerprint(self.base_model)
+        saved = latest_checkpoint(self.checkpoints_dir)
+        if saved is not None and saved.state.base_fingerprint != fingerprint:
+            raise CheckpointError(
+                f"{saved.path} was made on another base model ({saved.state.base_model}); "
+                f"refusing to resume on {self.base_model}"
+            )
+        remove_orphan_adapters(
+            self.adapters_dir, None if saved is None else saved.state.version, self.prefix
+        )
+        torch.manual_seed(self.config.seed)
+        random.seed(self.config.seed)
+        base = AutoModelForCausalLM.from_pretrained(self.base_model, dtype=torch.float32)
+        pad = base.config.pad_token_id
+        self._pad_id = int(pad) if isinstance(pad, int) else 0
+        self._model = attach_lora(base, self.config).to(self._device)
+        params = [p for p in self._model.parameters() if p.requires_grad]
+        self._optimizer = torch.optim.AdamW(
+            params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+        )
+        cfg = self.config
+        self._scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self._optimizer,
+            lambda step: lr_factor(
+                step, warmup=cfg.warmup_steps, schedule=cfg.schedule, total=cfg.total_steps
+            ),
+        )
+        if saved is None:
+            self.state = LearnerState(
+                version=0,
+                step=0,
+                base_model=self.base_model,
+                base_fingerprint=fingerprint,
+                adapter_prefix=self.prefix,
+                created_at=time.time(),
+            )
+            self._save_adapter()
+            self._checkpoint()
+        else:
+            self._restore(saved)
+        assert self.state is not None
+        return self.state
+
+    def _restore(self, saved: SavedCheckpoint) -> None:
+        import torch
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        try:
+            set_peft_model_state_dict(self._model, load_file(str(saved.lora_file)))
+            self._optimizer.load_state_dict(torch.load(saved.optimizer_file, weights_only=True))
+            self._scheduler.load_state_dict(torch.load(saved.scheduler_file, weights_only=True))
+            rng = torch.load(saved.rng_file, weights_only=False)
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"{saved.path}: cannot restore ({exc})") from exc
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(rng["python"])
+        self.state = saved.state
+        if not self.adapter_path(saved.state.version).is_dir():
+            # Only possible if someone removed it: the adapter is saved before the checkpoint.
+            self._save_adapter()
+
+    # ------------------------------------------------------------------ paths and saving
+
+    def adapter_path(self, version: int) -> Path:
+        return self.adapters_dir / adapter_name(version, self.prefix)
+
+    def _save_adapter(self) -> Path:
+        assert self.state is not None
+        return save_adapter(
+            self._model,
+            self.adapters_dir,
+            version=self.state.version,
+            base_model=self.state.base_model,
+            fingerprint=self.state.base_fingerprint,
+            step=self.state.step,
+            config=self.config,
+            prefix=self.prefix,
+        )
+
+    def _checkpoint(self) -> SavedCheckpoint:
+        import torch
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        assert self.state is not None
+        model, optimizer, scheduler = self._model, self._optimizer, self._scheduler
+
+        def write(folder: Path) -> None:
+            lora = {
+                k: v.detach().cpu().contiguous()
+                for k, v in get_peft_model_state_dict(model).items()
+            }
+            save_file(lora, str(folder / "lora.safetensors"))
+            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+            torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+            cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+            rng = {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate()}
+            torch.save(rng, folder / "rng.pt")
+
+        return write_checkpoint(
+            self.checkpoints_dir, self.state, write, keep=self.config.keep_checkpoints
+        )
+
+    # ------------------------------------------------------------------ the update
+
+    def update(self, groups: Sequence[TrajectoryGroup], set_aside: Ledger) -> UpdateResult:
+        """Train on `groups`, publish nothing: save adapter vN+1 and checkpoint it.
+
+        `set_aside` holds the stale and zero-variance ids decided since the last update;
+        they enter the checkpoint's ledger with the trained ids.
+        """
+        import torch
+
+        assert self.state is not None, "open() first"
+        cfg = self.config
+        started = time.perf_counter()
+        advantages = [
+            group_advantages(
+                torch.tensor([t.reward for t in g.trajectories], dtype=torch.float64),
+                eps=cfg.adv_eps,
+            ).tolist()
+            for g in groups
+        ]
+        samples = build_samples(groups, advantages, mask_think=cfg.mask_think, decode=self.decode)
+        batches = [
+            collate(mb, pad_id=self._pad_id).to(self._device)
+            for mb in micro_batches(samples, cfg.micro_batch_tokens)
+        ]
+        model = self._model
+        old = self._old_logprobs(batches)
+        ref = self._ref_logprobs(batches) if cfg.kl_beta > 0 else [None] * len(batches)
+        model.train()
+        sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "ratio_mean", "ref_kl"), 0.0)
+        grad_norm = 0.0
+        params = [p for p in model.parameters() if p.requires_grad]
+        for _ in range(cfg.optimizer_steps):
+            self._optimizer.zero_grad(set_to_none=True)
+            for mb, old_lp, ref_lp in zip(batches, old, ref, strict=True):
+                parts = mgrpo_loss(
+                    policy_logprobs(model, mb, temperature=self.temperature),
+                    old_lp,
+                    mb.advantages,
+                    mb.weights,
+                    eps_low=cfg.clip_eps_low,
+                    eps_high=cfg.clip_eps_high,
+                    beta=cfg.kl_beta,
+                    logp_ref=ref_lp,
+                )
+                parts.loss.backward()  # type: ignore[no-untyped-call]
+                for key in sums:
+                    sums[key] += float(getattr(parts, key).item())
+            grad_norm += float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item())
+            self._optimizer.step()
+            self._scheduler.step()
+        model.eval()
+        steps = cfg.optimizer_steps
+        metrics = {key: value / steps for key, value in sums.items()}
+        rewards = [t.reward for g in groups for t in g.trajectories]
+        metrics.update(
+            grad_norm=grad_norm / steps,
+            lr=float(self._scheduler.get_last_lr()[0]),
+            samples=float(sum(len(mb.advantages) for mb in batches)),
+            tokens=float(sum(s.trained_tokens for s in samples if s.weight > 0)),
+            micro_batches=float(len(batches)),
+            reward_mean=sum(rewards) / max(1, len(rewards)),
+            train_s=time.perf_counter() - started,
+        )
+        trained = dict(self.state.ledger.trained)
+        version = self.state.version + 1
+        trained.update((g.group_id, version) for g in groups)
+        ledger = Ledger(
+            trained=trained,
+            stale=[*self.state.ledger.stale, *set_aside.stale],
+            zero_variance=[*self.state.ledger.zero_variance, *set_aside.zero_variance],
+        )
+        previous = self.state
+        self.state = LearnerState(
+            version=version,
+            step=previous.step + steps,
+            base_model=previous.base_model,
+            base_fingerprint=previous.base_fingerprint,
+            adapter_prefix=previous.adapter_prefix,
+            ledger=ledger,
+            created_at=time.time(),
+        )
+        saving = time.perf_counter()
+        path = self.adapter_path(version)
+        try:
+            self._save_adapter()
+            self._checkpoint()
+        except Exception:
+            # Nothing of this version is on record: forget it, and remove its adapter
+            # (never published), so that the update can be made again.
+            self.state = previous
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        metrics["save_s"] = time.perf_counter() - saving
+        return UpdateResult(
+            version=version, step=self.state.step, adapter_path=path, metrics=metrics
+        )
+
+    def _old_logprobs(self, batches: list[MicroBatch]) -> list[Any]:
+        import torch
+
+        if not self.config.recompute_logprobs:
+            for mb in batches:
+                if not mb.has_old_logprobs:
+                    raise BatchError(
+                        "recompute_logprobs is off but some turns carry no server logprobs"
+                    )
+            return [mb.old_logprobs for mb in batches]
+        self._model.eval()
+        with torch.no_grad():
+            return [
+                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
+                for mb in batches
+            ]
+
+    def _ref_logprobs(self, batches: list[MicroBatch]) -> list[Any]:
+        import torch
+
+        self._model.eval()
+        with torch.no_grad(), self._model.disable_adapter():
+            return [
+                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
+                for mb in batches
+            ]

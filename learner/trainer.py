@@ -1,0 +1,294 @@
+"""The learner loop: groups in from a bounded stream, adapter versions out.
+
+`Learner.run(receive)` owns the loop (run it in the task group of whoever owns the stream):
+
+1. open the engine in a worker thread: load the base model with a LoRA, resume the newest
+   checkpoint (or make and checkpoint v0); re-read the groups that were consumed but not
+   trained (`read_groups(ids)`, the trajectory store) and queue them first;
+2. publish the current version (`publish(path)`: the daemon wires it to the policy
+   layer's hot-swap) and report `task_status.started(version)`;
+3. for each group received: journal its id (fsynced), then
+   - a group already seen (trained, set aside, or queued) is skipped (`duplicates`);
+   - a group whose oldest turn was made by a version more than `max_staleness` behind
+     the current one is dropped (`stale`); a turn without a version (-1) counts as
+     infinitely old;
+   - a group whose rewards are all equal is set aside (`zero_variance`): no signal;
+   - otherwise it is queued; once `batch_groups` are queued, one update runs in a worker
+     thread (`anyio.to_thread.run_sync`, so torch never blocks the event loop);
+4. after each update (adapter vN+1 saved and checkpointed by the engine): emit
+   `UpdateApplied`, publish vN+1, emit `AdapterPublished`, write one `learner.update` log
+   line with the metrics.
+
+When the stream closes the loop returns; queued groups short of a batch stay in the
+journal and are trained after a restart. Cancelling `run` waits for an update in progress
+to finish (its checkpoint included): the worker thread is never abandoned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from learner.batch import Decode
+from learner.checkpoint import ConsumedJournal, Ledger
+from learner.engine import Engine, UpdateResult
+from learner.errors import CheckpointError, LearnerError, TrainingError
+from learner.loss import is_zero_variance
+from runtime.config import LearnerConfig
+from runtime.messages import AdapterPublished, Event, TrajectoryGroup, UpdateApplied
+
+__all__ = ["Learner", "LearnerStatistics", "ReadGroups"]
+
+log = structlog.get_logger("learner")
+
+_T = TypeVar("_T")
+
+Publish = Callable[[Path], Awaitable[None]]
+Emit = Callable[[Event], Awaitable[None]]
+ReadGroups = Callable[[Sequence[str]], Sequence[TrajectoryGroup]]
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerStatistics:
+    """A snapshot for status pages and tests."""
+
+    version: int
+    step: int
+    updates: int
+    groups_received: int
+    groups_trained: int
+    groups_stale: int
+    groups_zero_variance: int
+    groups_duplicate: int
+    groups_queued: int
+    groups_resumed: int
+    updating: bool
+    last_update_s: float
+
+
+class Learner:
+    """M-GRPO on a LoRA adapter, fed by a stream of `TrajectoryGroup`s."""
+
+    def __init__(
+        self,
+        config: LearnerConfig,
+        *,
+        base_model: str | Path,
+        out_dir: str | Path,
+        publish: Publish,
+        emit: Emit | None = None,
+        read_groups: ReadGroups | None = None,
+        decode: Decode | None = None,
+        adapter_prefix: str = "policy",
+        temperature: float = 1.0,
+    ) -> None:
+        self.config = config
+        self.out_dir = Path(out_dir)
+        self._engine = Engine(
+            config,
+            base_model=base_model,
+            out_dir=out_dir,
+            adapter_prefix=adapter_prefix,
+            decode=decode,
+            temperature=temperature,
+        )
+        self._publish = publish
+        self._emit = emit
+        self._read_groups = read_groups
+        self._journal = ConsumedJournal(self.out_dir / "consumed.jsonl")
+        self._queue: list[TrajectoryGroup] = []
+        self._set_aside = Ledger()
+        self._seen: set[str] = set()
+        self._limiter = anyio.CapacityLimiter(1)
+        self._updating = False
+        self._updates = 0
+        self._received = 0
+        self._trained = 0
+        self._stale = 0
+        self._zero_variance = 0
+        self._duplicate = 0
+        self._resumed = 0
+        self._last_update_s = 0.0
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def version(self) -> int:
+        state = self._engine.state
+        return -1 if state is None else state.version
+
+    def adapter_path(self, version: int) -> Path:
+        return self._engine.adapter_path(version)
+
+    def statistics(self) -> LearnerStatistics:
+        state = self._engine.state
+        return LearnerStatistics(
+            version=self.version,
+            step=0 if state is None else state.step,
+            updates=self._updates,
+            groups_received=self._received,
+            groups_trained=self._trained,
+            groups_stale=self._stale,
+            groups_zero_variance=self._zero_variance,
+            groups_duplicate=self._duplicate,
+            groups_queued=len(self._queue),
+            groups_resumed=self._resumed,
+            updating=self._updating,
+            last_update_s=self._last_update_s,
+        )
+
+    async def run(
+        self,
+        groups: MemoryObjectReceiveStream[TrajectoryGroup],
+        *,
+        task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Resume, publish the current version, then train until `groups` closes."""
+        async with groups:
+            state = await self._in_thread(self._engine.open)
+            self._seen = state.ledger.handled()
+            await self._requeue(state.ledger)
+            path = self._engine.adapter_path(state.version)
+            await self._publish(path)
+            await self._send(
+                AdapterPublished(
+                    at=time.time(), version=state.version, name=path.name, path=str(path)
+                )
+            )
+            log.info(
+                "learner.started", version=state.version, step=state.step, resumed=self._resumed
+            )
+            task_status.started(state.version)
+            while len(self._queue) >= self.config.batch_groups:
+                await self._update()
+            async for group in groups:
+                await self._take(group)
+                if len(self._queue) >= self.config.batch_groups:
+                    await self._update()
+
+    # ------------------------------------------------------------------ intake
+
+    async def _requeue(self, ledger: Ledger) -> None:
+        """Queue the groups consumed before a restart and not trained since."""
+        handled = ledger.handled()
+        consumed = await anyio.to_thread.run_sync(self._journal.read)
+        missing = [gid for gid in consumed if gid not in handled]
+        if not missing:
+            return
+        if self._read_groups is None:
+            raise CheckpointError(
+                f"{len(missing)} consumed groups were not trained before the restart "
+                "and no read_groups is given to re-read them"
+            )
+        found = await anyio.to_thread.run_sync(self._read_groups, missing)
+        by_id = {g.group_id: g for g in found}
+        lost = [gid for gid in missing if gid not in by_id]
+        if lost:
+            raise CheckpointError(f"consumed groups missing from the trajectory store: {lost}")
+        for gid in missing:
+            self._classify(by_id[gid])
+        self._resumed = len(missing)
+
+    async def _take(self, group: TrajectoryGroup) -> None:
+        self._received += 1
+        if group.group_id in self._seen:
+            self._duplicate += 1
+            log.warning("learner.duplicate_group", group_id=group.group_id)
+            return
+        await anyio.to_thread.run_sync(self._journal.append, group.group_id)
+        self._classify(group)
+
+    def _classify(self, group: TrajectoryGroup) -> None:
+        self._seen.add(group.group_id)
+        versions = [t.adapter_version for tr in group.trajectories for t in tr.turns]
+        oldest = min(versions, default=-1)
+        if oldest < 0 or self.version - oldest > self.config.max_staleness:
+            self._stale += 1
+            self._set_aside.stale.append(group.group_id)
+            log.info(
+                "learner.stale_group", group_id=group.group_id, made_by=oldest, now=self.version
+            )
+            return
+        if is_zero_variance([t.reward for t in group.trajectories]):
+            self._zero_variance += 1
+            self._set_aside.zero_variance.append(group.group_id)
+            return
+        self._queue.append(group)
+
+    # ------------------------------------------------------------------ update
+
+    async def _in_thread(self, fn: Callable[[], _T]) -> _T:
+        """`fn` in the learner's one worker thread; foreign errors become TrainingError."""
+        try:
+            return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+        except LearnerError:
+            raise
+        except Exception as exc:
+            raise TrainingError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _update(self) -> None:
+        batch = self._queue[: self.config.batch_groups]
+        set_aside = self._set_aside
+        stale, zero = len(set_aside.stale), len(set_aside.zero_variance)
+        started = time.perf_counter()
+        self._updating = True
+        try:
+            result: UpdateResult = await self._in_thread(
+                lambda: self._engine.update(batch, set_aside)
+            )
+        finally:
+            self._updating = False
+        del self._queue[: len(batch)]
+        self._set_aside = Ledger()
+        self._updates += 1
+        self._trained += len(batch)
+        metrics = dict(result.metrics)
+        metrics["zero_advantage_fraction"] = zero / (zero + len(batch))
+        await self._send(
+            UpdateApplied(
+                at=time.time(),
+                version=result.version,
+                step=result.step,
+                groups_trained=len(batch),
+                groups_stale=stale,
+                groups_zero_variance=zero,
+                metrics=metrics,
+            )
+        )
+        publishing = time.perf_counter()
+        await self._publish(result.adapter_path)
+        publish_s = time.perf_counter() - publishing
+        await self._send(
+            AdapterPublished(
+                at=time.time(),
+                version=result.version,
+                name=result.adapter_path.name,
+                path=str(result.adapter_path),
+            )
+        )
+        self._last_update_s = time.perf_counter() - started
+        with structlog.contextvars.bound_contextvars(adapter=result.adapter_path.name):
+            log.info(
+                "learner.update",
+                version=result.version,
+                step=result.step,
+                groups=len(batch),
+                group_ids=[g.group_id for g in batch],
+                stale=stale,
+                zero_variance=zero,
+                publish_s=round(publish_s, 4),
+                update_s=round(self._last_update_s, 4),
+                **{k: round(v, 6) for k, v in metrics.items()},
+            )
+
+    async def _send(self, event: Event) -> None:
+        if self._emit is not None:
+            await self._emit(event)

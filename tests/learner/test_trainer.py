@@ -1,0 +1,295 @@
+"""The learner loop on a tiny real model: staleness, zero variance, events, publishing."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import structlog
+import torch
+from structlog.testing import capture_logs
+
+from learner.batch import build_samples, collate, policy_logprobs
+from learner.checkpoint import latest_checkpoint
+from learner.errors import CheckpointError
+from learner.lora import verify_adapter
+from learner.trainer import Learner
+from runtime.config import LearnerConfig
+from runtime.messages import AdapterPublished, Event, TrajectoryGroup, UpdateApplied
+
+MakeGroup = Callable[..., TrajectoryGroup]
+
+CONFIG = LearnerConfig(
+    batch_groups=2,
+    lora_rank=4,
+    lora_alpha=8,
+    learning_rate=1e-2,
+    micro_batch_tokens=64,
+    torch_threads=1,
+)
+
+
+class Recorder:
+    """The injected publisher and event sink: checks every manifest, records everything."""
+
+    def __init__(self) -> None:
+        self.published: list[Path] = []
+        self.events: list[Event] = []
+
+    async def publish(self, path: Path) -> None:
+        verify_adapter(path)
+        self.published.append(path)
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+def group(make_group: MakeGroup, seed: int, gid: str, rewards: Sequence[float], v: int) -> Any:
+    return make_group(seed, group_id=gid, rewards=list(rewards), vocab=500, version=v)
+
+
+async def feed(learner: Learner, groups: Sequence[TrajectoryGroup]) -> None:
+    """Run the learner over `groups`; returns when it has consumed them and the stream closed."""
+    send, receive = anyio.create_memory_object_stream[TrajectoryGroup](0)
+    async with anyio.create_task_group() as tg, send:
+        await tg.start(learner.run, receive)
+        for g in groups:
+            await send.send(g)
+
+
+async def start_only(learner: Learner) -> None:
+    """Run the learner on an already closed stream: open, resume, publish, return."""
+    send, receive = anyio.create_memory_object_stream[TrajectoryGroup](0)
+    send.close()
+    await learner.run(receive)
+
+
+@pytest.mark.anyio
+async def test_updates_publish_versions_and_set_groups_aside(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    learner = Learner(
+        CONFIG,
+        base_model=tiny_model_dir,
+        out_dir=tmp_path,
+        publish=rec.publish,
+        emit=rec.emit,
+    )
+    g = {
+        "a": group(make_group, 1, "a", [1, 0, 0], 0),
+        "zero": group(make_group, 2, "zero", [1, 1], 0),
+        "unversioned": group(make_group, 3, "unversioned", [1, 0], -1),
+        "b": group(make_group, 4, "b", [0, 1], 0),
+        # after v1: a v0 group is 1 behind (kept), then after v2 it is 2 behind (stale)
+        "c": group(make_group, 5, "c", [0, 1, 1], 0),
+        "d": group(make_group, 6, "d", [1, 0], 1),
+        "old": group(make_group, 7, "old", [1, 0], 0),
+        "e": group(make_group, 8, "e", [1, 0], 2),
+        "f": group(make_group, 9, "f", [0, 0, 1], 1),
+    }
+    order = ["a", "zero", "unversioned", "b", "c", "d", "old", "a", "e", "f"]
+    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await feed(learner, [g[k] for k in order])
+    assert [p.name for p in rec.published] == ["policy@v0", "policy@v1", "policy@v2", "policy@v3"]
+    kinds = [type(e).__name__ for e in rec.events]
+    assert kinds == ["AdapterPublished"] + ["UpdateApplied", "AdapterPublished"] * 3
+    updates = [e for e in rec.events if isinstance(e, UpdateApplied)]
+    assert [(u.version, u.groups_trained) for u in updates] == [(1, 2), (2, 2), (3, 2)]
+    assert [(u.groups_stale, u.groups_zero_variance) for u in updates] == [(1, 1), (0, 0), (1, 0)]
+    assert updates[0].metrics["zero_advantage_fraction"] == pytest.approx(1 / 3)
+    for u in updates:
+        for key in ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm", "lr"):
+            assert key in u.metrics
+        # old logprobs recomputed by the learner, one optimizer step: ratio 1, nothing clipped
+        assert u.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+        assert u.metrics["clip_fraction"] == 0.0
+    published = [e for e in rec.events if isinstance(e, AdapterPublished)]
+    assert [e.version for e in published] == [0, 1, 2, 3]
+    stats = learner.statistics()
+    assert (stats.version, stats.updates, stats.groups_trained) == (3, 3, 6)
+    assert (stats.groups_stale, stats.groups_zero_variance, stats.groups_duplicate) == (2, 1, 1)
+    assert stats.groups_received == len(order) and stats.groups_queued == 0
+    # the checkpoint's ledger says who trained what
+    saved = latest_checkpoint(tmp_path / "checkpoints")
+    assert saved is not None and saved.state.version == 3
+    assert saved.state.ledger.trained == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 3, "f": 3}
+    assert sorted(saved.state.ledger.stale) == ["old", "unversioned"]
+    assert saved.state.ledger.zero_variance == ["zero"]
+    # one canonical line per update, with the adapter bound
+    lines = [entry for entry in logs if entry["event"] == "learner.update"]
+    assert [(x["version"], x["adapter"], x["group_ids"]) for x in lines] == [
+        (1, "policy@v1", ["a", "b"]),
+        (2, "policy@v2", ["c", "d"]),
+        (3, "policy@v3", ["e", "f"]),
+    ]
+    # the journal holds every consumed id once (not the duplicate)
+    journal = [json.loads(x)["id"] for x in (tmp_path / "consumed.jsonl").read_text().splitlines()]
+    assert journal == ["a", "zero", "unversioned", "b", "c", "d", "old", "e", "f"]
+
+
+def _logp_sums(model_dir: Path, adapter: Path | None, grp: TrajectoryGroup) -> list[float]:
+    """Per-trajectory summed log-prob of its completions under base (+ adapter)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    samples = build_samples([grp], [[0.0] * len(grp.trajectories)])
+    with torch.no_grad():
+        lp = policy_logprobs(model, collate(samples, pad_id=0))
+    k = lp.shape[1]
+    sums: dict[str, float] = {}
+    for row, s in enumerate(samples):
+        sums[s.episode_id] = sums.get(s.episode_id, 0.0) + float(
+            lp[row, k - len(s.completion_ids) :].sum()
+        )
+    return [sums[t.episode_id] for t in grp.trajectories]
+
+
+@pytest.mark.anyio
+async def test_an_update_moves_probability_towards_rewarded_trajectories(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    cfg = msgspec.structs.replace(CONFIG, batch_groups=1, optimizer_steps=4)
+    learner = Learner(cfg, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish)
+    grp = group(make_group, 11, "g", [1, 0, 0, 1], 0)
+    before = _logp_sums(tiny_model_dir, rec.published[0] if rec.published else None, grp)
+    await feed(learner, [grp])
+    after = _logp_sums(tiny_model_dir, rec.published[-1], grp)
+    delta = [a - b for a, b in zip(after, before, strict=True)]
+    assert delta[0] > 0 and delta[3] > 0, delta
+    assert delta[1] < 0 and delta[2] < 0, delta
+
+
+@pytest.mark.anyio
+async def test_learning_rate_zero_keeps_the_weights(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    cfg = msgspec.structs.replace(CONFIG, learning_rate=0.0, batch_groups=1)
+    learner = Learner(cfg, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish)
+    await feed(
+        learner, [group(make_group, 1, "a", [1, 0], 0), group(make_group, 2, "b", [0, 1], 0)]
+    )
+    hashes = {verify_adapter(p).weights_sha256 for p in rec.published}
+    assert len(rec.published) == 3 and len(hashes) == 1
+
+
+@pytest.mark.anyio
+async def test_server_logprobs_and_kl_options(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    cfg = msgspec.structs.replace(
+        CONFIG, recompute_logprobs=False, kl_beta=0.1, batch_groups=1, optimizer_steps=2
+    )
+    learner = Learner(
+        cfg, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish, emit=rec.emit
+    )
+    await feed(
+        learner, [group(make_group, 1, "a", [1, 0], 0), group(make_group, 2, "b", [0, 1], 0)]
+    )
+    first, second = [e for e in rec.events if isinstance(e, UpdateApplied)]
+    # the fixture's "server" logprobs are random: ratios far from 1, many clipped
+    assert abs(first.metrics["ratio_mean"] - 1.0) > 0.05
+    assert first.metrics["clip_fraction"] > 0
+    # KL to the base: 0 on the first step (v0 == base), positive once the adapter moved
+    assert second.metrics["ref_kl"] > 0
+
+
+@pytest.mark.anyio
+async def test_torch_runs_off_the_event_loop(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    cfg = msgspec.structs.replace(CONFIG, batch_groups=2, optimizer_steps=8)
+    learner = Learner(cfg, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish)
+    groups = [
+        make_group(s, group_id=f"g{s}", rewards=[1, 0, 1, 0], vocab=500, prompt_len=(60, 90))
+        for s in range(2)
+    ]
+    gaps: list[float] = []
+    busy_ticks = 0
+
+    async def heartbeat() -> None:
+        nonlocal busy_ticks
+        last = time.perf_counter()
+        while True:
+            await anyio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+            busy_ticks += learner.statistics().updating
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        await feed(learner, groups)
+        tg.cancel_scope.cancel()
+    assert learner.statistics().updates == 1
+    assert learner.statistics().last_update_s > 0.2
+    assert busy_ticks >= 10  # the loop kept running while torch worked
+    assert max(gaps) < 0.2
+
+
+@pytest.mark.anyio
+async def test_restart_requeues_consumed_groups(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    groups = [group(make_group, s, f"g{s}", [1, 0], 0) for s in range(3)]
+    first = Recorder()
+    learner = Learner(CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=first.publish)
+    await feed(learner, groups)  # g0, g1 trained (v1); g2 consumed, queued, stream closed
+    assert learner.statistics().groups_queued == 1
+
+    with pytest.raises(CheckpointError, match="no read_groups"):
+        await start_only(
+            Learner(CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=first.publish)
+        )
+
+    store = {g.group_id: g for g in groups}
+    asked: list[list[str]] = []
+
+    def read_groups(ids: Sequence[str]) -> list[TrajectoryGroup]:
+        asked.append(list(ids))
+        return [store[i] for i in ids if i in store]
+
+    second = Recorder()
+    again = Learner(
+        CONFIG,
+        base_model=tiny_model_dir,
+        out_dir=tmp_path,
+        publish=second.publish,
+        read_groups=read_groups,
+    )
+    await feed(again, [groups[0], group(make_group, 9, "g9", [0, 1], 1)])
+    assert asked == [["g2"]]
+    assert [p.name for p in second.published] == ["policy@v1", "policy@v2"]  # republished v1
+    stats = again.statistics()
+    assert (stats.groups_resumed, stats.groups_duplicate, stats.version) == (1, 1, 2)
+    saved = latest_checkpoint(tmp_path / "checkpoints")
+    assert saved is not None
+    assert saved.state.ledger.trained == {"g0": 1, "g1": 1, "g2": 2, "g9": 2}
+
+    del store["g2"]  # a store that lost a consumed group is an error, not a silent loss
+    with (tmp_path / "consumed.jsonl").open("a") as journal:
+        journal.write('{"id":"g7"}\n')
+    with pytest.raises(CheckpointError, match="missing from the trajectory store"):
+        await start_only(
+            Learner(
+                CONFIG,
+                base_model=tiny_model_dir,
+                out_dir=tmp_path,
+                publish=second.publish,
+                read_groups=read_groups,
+            )
+        )
