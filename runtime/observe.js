@@ -111,6 +111,7 @@
       if (hidden) return;
       const text = collapse(node.nodeValue || "");
       if (text.trim() !== "") out.push(clip(text));
+      else if (text !== "" && out.length > 0 && out[out.length - 1] !== " ") out.push(" ");
       return;
     }
     if (node.nodeType !== Node.ELEMENT_NODE) return;

@@ -63,10 +63,12 @@ _CHECK: Final = """(a) => {
   const other = (t) => !!t && !["_self", "_top", "_parent"].includes(t.toLowerCase());
   const link = el.closest("a[href], area[href]");
   const form = el.form || el.closest("form");
-  const submits = el.tagName === "BUTTON" || ["submit", "image"].includes((el.type || "").toLowerCase());
-  const tab = (link !== null && other(link.getAttribute("target"))) ||
-    (form !== null && submits && other(el.getAttribute("formtarget") || form.getAttribute("target")));
-  return [fp, tab];
+  const type = (el.type || "").toLowerCase();
+  const submits = el.tagName === "BUTTON" || type === "submit" || type === "image";
+  const target = form === null ? "" : el.getAttribute("formtarget") || form.getAttribute("target");
+  const tab = (link !== null && other(link.getAttribute("target"))) || (submits && other(target));
+  const r = el.getBoundingClientRect();
+  return [fp, tab, !(r.width > 0 && r.height > 0)];
 }"""
 
 _SCROLL: Final = (
@@ -165,7 +167,7 @@ class BrowserSession:
             finally:
                 self._opening = False
             self._adopt(page)
-            await self._navigate(page, url)
+            await self._navigate(page, url, action=True)
         self.active = self.pages[0]
         with playwright_errors("bring the first tab to front"):
             await self.active.bring_to_front()
@@ -315,8 +317,15 @@ class BrowserSession:
         if name in ("Scroll Up", "Scroll Down"):
             await self._scroll(down=name == "Scroll Down")
         elif name == "Press Enter":
+            page = self.page
             with playwright_errors("Press Enter", action=True):
-                await self.page.keyboard.press("Enter")
+                # Through the focused element, Playwright waits for the navigation a
+                # form submission starts; page.keyboard would not.
+                focused = page.locator("*:focus")
+                if await focused.count():
+                    await focused.last.press("Enter", timeout=ms)
+                else:
+                    await page.keyboard.press("Enter")
         elif name == "Wait":
             await anyio.sleep(self.config.wait_action_s)
         elif name == "Switch Tab":
@@ -349,7 +358,7 @@ class BrowserSession:
             raise ActionError(f"the page did not answer while looking up element {element_id}")
         if current is None:
             raise ElementNotFound(f"element {element_id} is not on the page any more")
-        fingerprint, opens_tab = current
+        fingerprint, opens_tab, boxless = current
         if observed.fingerprint and fingerprint != observed.fingerprint:
             raise ElementNotFound(
                 f"element {element_id} changed since the page was shown; look at the page again"
@@ -360,7 +369,11 @@ class BrowserSession:
             match name:
                 case "Click":
                     self._new_page = anyio.Event()
-                    await locator.click(timeout=ms)
+                    if boxless:
+                        # A styled checkbox hidden behind its label: click it as a label would.
+                        await locator.dispatch_event("click", timeout=ms)
+                    else:
+                        await locator.click(timeout=ms)
                     if opens_tab:
                         # The new tab's page event comes after the click returns.
                         with anyio.move_on_after(self.config.navigation_timeout_s):

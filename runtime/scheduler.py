@@ -1,0 +1,216 @@
+"""The scheduler: draws tasks, keeps groups in flight, sends finished groups on.
+
+    tasks of a split --(shuffled per epoch, seeded)--> up to N groups in flight
+        each group: G episodes (the rollout's limiter keeps <= M episodes in flight)
+    finished group --> bounded memory object stream --> learner / store / evaluation
+
+`run()` ends when `num_groups` groups are finished (evaluation, benchmarks, demos), or,
+with `num_groups=None` (training), when `stop()` is called. It closes the send stream it
+was given when it returns, so the consumer's `async for` ends. A full stream holds the
+finished group (and its slot) back: backpressure, not loss.
+
+`stop(timeout_s)` starts no new group, lets the groups in flight finish, and after
+`timeout_s` interrupts the episodes still running; those groups are still sent, with the
+episodes recorded as `interrupted`. `pause()`/`resume()` close and open the gate at which
+episodes wait before each policy call (no new turns while paused; contexts stay open).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio
+import structlog
+from anyio.streams.memory import MemoryObjectSendStream
+
+from runtime.messages import TaskConfig, TrajectoryGroup
+from runtime.rollout import Rollout
+
+__all__ = ["Scheduler", "SchedulerStatistics"]
+
+log = structlog.get_logger("runtime.scheduler")
+
+# Steps/s is measured over this many seconds of recent history.
+_RATE_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStatistics:
+    """What `Scheduler.statistics()` reports."""
+
+    groups_in_flight: int
+    groups_started: int
+    groups_finished: int
+    episodes_waiting: int
+    episodes_in_flight: int
+    episodes_finished: int
+    episodes_failed: int
+    queue_depth: int
+    turns: int
+    steps_per_s: float
+    episodes_per_s: float
+    epoch: int
+    paused: bool
+    stopping: bool
+
+
+class Scheduler:
+    """Keeps up to `max_groups` groups of `group_size` episodes in flight."""
+
+    def __init__(
+        self,
+        *,
+        rollout: Rollout,
+        tasks: Sequence[TaskConfig],
+        send: MemoryObjectSendStream[TrajectoryGroup],
+        group_size: int,
+        max_groups: int,
+        split: str = "",
+        seed: int = 0,
+        num_groups: int | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        if not tasks:
+            raise ValueError(f"no tasks to schedule (split {split!r} is empty)")
+        self.rollout = rollout
+        self.tasks = list(tasks)
+        self.send = send
+        self.group_size = group_size
+        self.split = split
+        self.seed = seed
+        self.num_groups = num_groups
+        self.shuffle = shuffle
+        self._slots = anyio.CapacityLimiter(max_groups)
+        self._producer = anyio.CancelScope()
+        self._idle = anyio.Event()
+        self._order: list[TaskConfig] = []
+        self._epoch = -1
+        self._started = 0
+        self._finished = 0
+        self._in_flight = 0
+        self._stopping = False
+        self._t0 = time.monotonic()
+        self._finishes: deque[tuple[float, int, int]] = deque()
+
+    # ------------------------------------------------------------------ control
+
+    def pause(self) -> None:
+        """No new turns (episodes wait before their next policy call) and no new groups."""
+        self.rollout.gate.close()
+
+    def resume(self) -> None:
+        self.rollout.gate.open()
+
+    @property
+    def paused(self) -> bool:
+        return not self.rollout.gate.is_open
+
+    async def stop(self, timeout_s: float) -> None:
+        """Start no new group; after `timeout_s`, interrupt what still runs.
+
+        Returns when no group is in flight any more (every one has been sent).
+        """
+        self._stopping = True
+        self._producer.cancel()
+        with anyio.move_on_after(timeout_s):
+            await self.wait_idle()
+        if self._in_flight:
+            log.warning("scheduler.interrupting", groups=self._in_flight)
+            self.rollout.interrupt_all()
+            self.resume()  # interrupted episodes must not wait at a closed gate
+            await self.wait_idle()
+
+    async def wait_idle(self) -> None:
+        """Wait until no group is in flight."""
+        while self._in_flight:
+            await self._idle.wait()
+
+    # ------------------------------------------------------------------ running
+
+    def _next_task(self) -> TaskConfig:
+        if not self._order:
+            self._epoch += 1
+            self._order = list(self.tasks)
+            if self.shuffle:
+                random.Random(f"{self.seed}:{self.split}:{self._epoch}").shuffle(self._order)
+            self._order.reverse()  # pop() from the end takes them in shuffled order
+        return self._order.pop()
+
+    async def run(self) -> None:
+        """Schedule groups until `num_groups` are done or `stop()`; then close `send`."""
+        self._t0 = time.monotonic()
+        try:
+            async with anyio.create_task_group() as tg:
+                with self._producer:
+                    while self.num_groups is None or self._started < self.num_groups:
+                        await self._slots.acquire()
+                        try:
+                            await self.rollout.gate.wait_open()
+                        except BaseException:
+                            self._slots.release()
+                            raise
+                        task = self._next_task()
+                        self._started += 1
+                        self._in_flight += 1
+                        self._idle = anyio.Event()
+                        tg.start_soon(self._group, task)
+        finally:
+            self.send.close()
+            log.info(
+                "scheduler.finished",
+                groups=self._finished,
+                seconds=round(time.monotonic() - self._t0, 3),
+            )
+
+    async def _group(self, task: TaskConfig) -> None:
+        try:
+            group = await self.rollout.run_group(task, group_size=self.group_size, split=self.split)
+            # Shielded: a group that finished is delivered even while the run is stopping.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.send.send(group)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    log.error("scheduler.group_dropped", group_id=group.group_id)
+                    return
+            self._finished += 1
+            turns = sum(len(t.turns) for t in group.trajectories)
+            self._finishes.append((time.monotonic(), turns, len(group.trajectories)))
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
+            if not self._in_flight:
+                self._idle.set()
+
+    # ------------------------------------------------------------------ books
+
+    def statistics(self) -> SchedulerStatistics:
+        now = time.monotonic()
+        while self._finishes and now - self._finishes[0][0] > _RATE_WINDOW_S:
+            self._finishes.popleft()
+        window = min(_RATE_WINDOW_S, max(now - self._t0, 1e-9))
+        stats = self.rollout.stats
+        failed = sum(n for status, n in stats.episodes_finished.items() if _failed(status))
+        return SchedulerStatistics(
+            groups_in_flight=self._in_flight,
+            groups_started=self._started,
+            groups_finished=self._finished,
+            episodes_waiting=stats.episodes_waiting,
+            episodes_in_flight=stats.episodes_running,
+            episodes_finished=sum(stats.episodes_finished.values()),
+            episodes_failed=failed,
+            queue_depth=self.send.statistics().current_buffer_used,
+            turns=stats.turns,
+            steps_per_s=sum(f[1] for f in self._finishes) / window,
+            episodes_per_s=sum(f[2] for f in self._finishes) / window,
+            epoch=max(self._epoch, 0),
+            paused=self.paused,
+            stopping=self._stopping,
+        )
+
+
+def _failed(status: str) -> bool:
+    return status == "interrupted" or status.startswith("error:")

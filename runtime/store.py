@@ -1,0 +1,183 @@
+"""The trajectory store: append-only JSON lines of `TrajectoryGroup`s, crash-safe.
+
+One line per group (`runtime.messages.encode`, then a newline), written with a single
+append and fsynced before `append()` returns: a group is stored whole or not at all.
+A crash in the middle of a write leaves a last line without its newline; opening the
+store for writing detects it, reports it (log line `store.torn_tail_cut` and
+`TrajectoryStore.repaired_bytes`) and cuts it off; readers skip it. It is never read as
+data. Any other line that does not decode is a `StoreError` naming file and line.
+
+A run directory keeps its store at `RUN_DIR/trajectories.jsonl` (`store_path`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import msgspec
+import structlog
+
+from runtime.errors import StoreError
+from runtime.messages import TrajectoryGroup, decode_group, encode
+
+__all__ = [
+    "STORE_FILE",
+    "TrajectoryStore",
+    "iter_groups",
+    "read_group",
+    "store_path",
+]
+
+STORE_FILE = "trajectories.jsonl"
+
+log = structlog.get_logger("runtime.store")
+
+_CHUNK = 1 << 16
+
+
+def store_path(run_or_file: str | Path) -> Path:
+    """The store file of a run directory, or the file itself."""
+    path = Path(run_or_file)
+    return path / STORE_FILE if path.is_dir() else path
+
+
+def _torn_tail(fd: int, size: int) -> int:
+    """Bytes after the last newline of the file (0 when it ends with one or is empty)."""
+    if size == 0:
+        return 0
+    end = size
+    while end > 0:
+        start = max(0, end - _CHUNK)
+        chunk = os.pread(fd, end - start, start)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return size - (start + cut + 1)
+        end = start
+    return size
+
+
+class TrajectoryStore:
+    """An open store, for appending. `with TrajectoryStore(path) as store: store.append(g)`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            created = not self.path.exists()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise StoreError(
+                f"{self.path}: cannot open the trajectory store ({exc.strerror})"
+            ) from exc
+        try:
+            if created:
+                _fsync_dir(self.path.parent)
+            size = os.fstat(self._fd).st_size
+            self.repaired_bytes = _torn_tail(self._fd, size)
+            if self.repaired_bytes:
+                os.ftruncate(self._fd, size - self.repaired_bytes)
+                os.fsync(self._fd)
+                log.warning(
+                    "store.torn_tail_cut",
+                    path=str(self.path),
+                    bytes=self.repaired_bytes,
+                    reason="the last group was being written when a crash happened",
+                )
+        except OSError as exc:
+            os.close(self._fd)
+            raise StoreError(f"{self.path}: cannot check the store's last line ({exc})") from exc
+
+    def append(self, group: TrajectoryGroup) -> None:
+        """Write `group` as one line and fsync; when this returns the group is durable."""
+        data = encode(group) + b"\n"
+        with self._lock:
+            if self._fd < 0:
+                raise StoreError(f"{self.path}: the store is closed")
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise StoreError(f"{self.path}: cannot append a group ({exc.strerror})") from exc
+
+    async def append_async(self, group: TrajectoryGroup) -> None:
+        """`append` in a worker thread, so the event loop does not wait for fsync."""
+        await anyio.to_thread.run_sync(self.append, group)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> TrajectoryStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def iter_groups(run_or_file: str | Path) -> Iterator[TrajectoryGroup]:
+    """Every group of a store, oldest first; a torn last line is skipped and reported."""
+    path = store_path(run_or_file)
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                log.warning("store.torn_tail_skipped", path=str(path), line=number, bytes=len(line))
+                return
+            if not line.strip():
+                continue
+            try:
+                yield decode_group(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+
+
+def read_group(run_or_file: str | Path, group_id: str) -> TrajectoryGroup:
+    """The group with `group_id`; raises KeyError naming it when the store has none."""
+    needle = f'"group_id":"{group_id}"'.encode()
+    for group in _candidates(store_path(run_or_file), needle):
+        if group.group_id == group_id:
+            return group
+    raise KeyError(f"no group {group_id!r} in {store_path(run_or_file)}")
+
+
+def _candidates(path: Path, needle: bytes) -> Iterator[TrajectoryGroup]:
+    """Groups whose line mentions `needle` (decoding only those)."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n") or needle not in line:
+                continue
+            try:
+                yield decode_group(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc

@@ -1,0 +1,130 @@
+"""Fixtures of the runtime tests: a local web server with test pages, a browser pool.
+
+`web` serves `fixtures/*.html` (pages written for these tests in the style of real
+sites) and the small pages in `PAGES` on 127.0.0.1; `other_web` is a second server whose
+origin is outside the allowlist of the sessions under test.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from runtime.browser import BrowserPool
+from runtime.config import BrowserConfig
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+PAGES: dict[str, str] = {
+    "/": """<!doctype html><title>Home</title><h1>Home</h1>
+<a href="/form">Form</a> <a href="/tabs">Tabs</a>""",
+    "/form": """<!doctype html><title>Form</title><h1>Order form</h1>
+<form action="/result" method="get">
+<input name="q" placeholder="Query">
+<select name="size"><option>Small</option><option>Medium</option><option>Large</option></select>
+<textarea name="note"></textarea>
+<button type="submit">Send</button>
+</form>
+<button id="hv" onmouseover="document.getElementById('out').textContent='hovered'">Hover me</button>
+<button id="rc" oncontextmenu="document.getElementById('out').textContent='right-clicked'; return false">Right click me</button>
+<button onclick="document.getElementById('out').textContent='clicked'">Click me</button>
+<button onclick="alert('Saved!')">Alert</button>
+<button onclick="document.getElementById('out').textContent = confirm('Delete?') ? 'deleted' : 'kept'">Delete</button>
+<a href="/download">Download report</a>
+<p id="out">nothing yet</p>""",
+    "/tabs": """<!doctype html><title>Tabs</title><h1>Tabs</h1>
+<a href="/form" target="_blank">Form in a new tab</a>
+<button onclick="window.open('/')">Open home</button>
+<a href="OTHER/elsewhere">Leave the site</a>
+<a href="data:text/html,<h1>data</h1>">Data link</a>
+<a href="file:///etc/passwd">File link</a>""",
+    "/changing": """<!doctype html><title>Changing</title>
+<button id="b" onclick="this.textContent='Renamed'">Rename me</button>
+<button onclick="document.getElementById('b').remove()">Remove the other</button>
+<button onclick="location.reload()">Reload</button>""",
+    "/long": "<!doctype html><title>Long</title><h1>Long page</h1>"
+    + "".join(
+        f'<p style="height:40px">Paragraph {i} <a href="/p/{i}">link {i}</a></p>' for i in range(200)
+    ),
+    "/busy": """<!doctype html><title>Busy</title><button onclick="for(;;){}">Hang</button>""",
+}
+
+
+def _result_page(query: str) -> str:
+    params = {k: v[0] for k, v in parse_qs(query).items()}
+    items = "".join(f"<li>{k}={v}</li>" for k, v in sorted(params.items()))
+    return f"<!doctype html><title>Result</title><h1>Result</h1><ul>{items}</ul>"
+
+
+@dataclass
+class Web:
+    url: str
+    other: str = ""
+
+    def __call__(self, path: str) -> str:
+        return self.url + path
+
+
+def _serve(pages: dict[str, str], other: list[str]) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            if parts.path == "/download":
+                body = b"id,total\n1,2\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/csv")
+                self.send_header("Content-Disposition", "attachment; filename=report.csv")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            if parts.path == "/result":
+                text = _result_page(parts.query)
+            elif parts.path.startswith("/fixtures/"):
+                file = FIXTURES / parts.path.removeprefix("/fixtures/")
+                text = file.read_text(encoding="utf-8") if file.is_file() else ""
+            else:
+                text = pages.get(parts.path, "")
+            if not text:
+                text = f"<!doctype html><title>{parts.path}</title><p>page {parts.path}</p>"
+            body = text.replace("OTHER", other[0] if other else "").encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    return server
+
+
+@pytest.fixture(scope="session")
+def web() -> Iterator[Web]:
+    other_holder: list[str] = []
+    main = _serve(PAGES, other_holder)
+    other = _serve({"/elsewhere": "<title>Elsewhere</title><p>outside</p>"}, [])
+    other_holder.append(f"http://127.0.0.1:{other.server_address[1]}")
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (main, other)]
+    for thread in threads:
+        thread.start()
+    yield Web(url=f"http://127.0.0.1:{main.server_address[1]}", other=other_holder[0])
+    for server in (main, other):
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+async def pool(anyio_backend: str) -> AsyncIterator[BrowserPool]:
+    config = BrowserConfig(action_timeout_s=3.0, navigation_timeout_s=10.0, wait_action_s=0.2)
+    async with BrowserPool(config) as browser_pool:
+        yield browser_pool

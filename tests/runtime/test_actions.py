@@ -1,0 +1,217 @@
+"""The action DSL parser: every advertised action parses; anything else is a ParseError."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policy.prompt import SYSTEM_PROMPT
+from runtime.actions import (
+    ACTION_NAMES,
+    MAX_ANSWER_CHARS,
+    format_action,
+    parse_action,
+    parse_completion,
+)
+from runtime.errors import ParseError
+from runtime.messages import Action
+
+
+def test_every_action_the_system_prompt_advertises_parses() -> None:
+    block = SYSTEM_PROMPT.split("ACTION is one of:")[1].split("\n\n")[0]
+    lines = [line.strip() for line in block.strip().splitlines()]
+    assert len(lines) == 15
+    parsed = [parse_action(line.replace("ID", "7").replace("TAB_INDEX", "1")) for line in lines]
+    names = {a.name for a in parsed if a.kind == "do"}
+    assert names == set(ACTION_NAMES)
+    assert {a.kind for a in parsed} == {"do", "go_backward", "go_forward", "exit"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '<think>the button</think><answer>do(action="Click", element="25")</answer>',
+            Action(kind="do", name="Click", element=25),
+        ),
+        ('<answer>do(action="Click", element=25)</answer>', Action(kind="do", name="Click", element=25)),
+        (
+            "<answer> do(action='Type', argument='blue shoes', element='3') </answer>",
+            Action(kind="do", name="Type", argument="blue shoes", element=3),
+        ),
+        (
+            '<answer>do(action="search", argument=42, element="3")</answer>',
+            Action(kind="do", name="Search", argument="42", element=3),
+        ),
+        (
+            '<answer>do(action="Select Dropdown Option", argument="Large", element="9")</answer>',
+            Action(kind="do", name="Select Dropdown Option", argument="Large", element=9),
+        ),
+        ('<answer>do(action="Switch Tab", argument=1)</answer>', Action(kind="do", name="Switch Tab", argument="1")),
+        (
+            '<answer>do(action="Goto", argument="http://127.0.0.1:1/x")</answer>',
+            Action(kind="do", name="Goto", argument="http://127.0.0.1:1/x"),
+        ),
+        ('<answer>do(action="Scroll  down")</answer>', Action(kind="do", name="Scroll Down")),
+        ("<answer>go_forward()</answer>", Action(kind="go_forward")),
+        ('<answer>exit(message="$12.50")</answer>', Action(kind="exit", message="$12.50")),
+        ("<answer>exit('it is \"quoted\"')</answer>", Action(kind="exit", message='it is "quoted"')),
+        ("<answer>exit(message=None)</answer>", Action(kind="exit", message="")),
+        ("<answer>exit()</answer>", Action(kind="exit", message="")),
+        ('<answer>exit(message=3.5)</answer>', Action(kind="exit", message="3.5")),
+    ],
+)
+def test_valid_completions(text: str, expected: Action) -> None:
+    assert parse_completion(text).action == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("do(action='Click', element='25')", "no <answer>"),
+        ("<answer>do(action='Click', element='25')", "not closed"),
+        ("<answer>go_backward()</answer><answer>go_forward()</answer>", "2 <answer> tags"),
+        ("<answer></answer>", "empty"),
+        ("<answer>do(action='Click')</answer>", 'needs element="ID"'),
+        ("<answer>do(action='Click', element='x25')</answer>", "element id"),
+        ("<answer>do(action='Click', element=-3)</answer>", "not a valid element id"),
+        ("<answer>do(action='Click', element=True)</answer>", "literal"),
+        ("<answer>do(action='Type', element=3)</answer>", 'needs argument="..."'),
+        ("<answer>do(action='Fly', element=3)</answer>", "unknown action 'Fly'"),
+        ("<answer>do(action='Click', element=3, force=1)</answer>", "unknown argument force="),
+        ("<answer>do('Click', 3)</answer>", "keyword arguments only"),
+        ("<answer>do(action=Click, element=3)</answer>", "literal"),
+        ("<answer>do(action='Click', element=__import__('os'))</answer>", "literal"),
+        ("<answer>do(**{'action': 'Click'})</answer>", "**arguments"),
+        ("<answer>do(action='Click', action='Type')</answer>", "twice"),
+        ("<answer>os.system('ls')</answer>", "not a call of do"),
+        ("<answer>eval('1')</answer>", "unknown function"),
+        ("<answer>go_backward(1)</answer>", "takes no arguments"),
+        ("<answer>exit('a', 'b')</answer>", "one message"),
+        ("<answer>do(action='Switch Tab', argument='second')</answer>", "tab index"),
+        ("<answer>do(action='Goto', argument='  ')</answer>", "URL"),
+        ("<answer>do(action='Click', element='1'))</answer>", "not a valid call"),
+        ("<answer>" + "(" * 500 + "</answer>", "not a valid call"),
+        ("<answer>" + "x" * (MAX_ANSWER_CHARS + 1) + "</answer>", "characters long"),
+        ("<answer>do(action='Click', element='1')\x00</answer>", "not a valid call"),
+    ],
+)
+def test_invalid_completions_explain_themselves(text: str, message: str) -> None:
+    with pytest.raises(ParseError, match=re.escape(message)):
+        parse_completion(text)
+
+
+_FRAGMENTS = st.sampled_from(
+    [
+        "<think>",
+        "</think>",
+        "<answer>",
+        "</answer>",
+        "do(",
+        "action=",
+        "argument=",
+        "element=",
+        "exit(",
+        "message=",
+        "go_backward()",
+        '"Click"',
+        "'Type'",
+        '"Select Dropdown Option"',
+        '"25"',
+        "25",
+        "-1",
+        "1e309",
+        "0x10",
+        "True",
+        "None",
+        "lambda: 0",
+        "__import__('os')",
+        "**{}",
+        "*[]",
+        "[",
+        "]",
+        "(",
+        ")",
+        ",",
+        "=",
+        '"',
+        "'",
+        '"""',
+        "\\",
+        "\n",
+        "\x00",
+        "é",
+        "\ud7ff",
+        "f'{1}'",
+        "b'x'",
+        "1j",
+        "...",
+        ":=",
+        "#",
+    ]
+)
+_ADVERSARIAL = st.lists(_FRAGMENTS | st.text(max_size=8), max_size=40).map("".join)
+
+
+def _parse_or_error(text: str) -> Action | ParseError:
+    try:
+        return parse_completion(text).action
+    except ParseError as exc:
+        assert str(exc)
+        return exc
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=300) | _ADVERSARIAL)
+def test_any_string_gives_an_action_or_a_parse_error(text: str) -> None:
+    result = _parse_or_error(text)
+    assert isinstance(result, Action | ParseError)
+    if isinstance(result, Action):
+        # What parsed formats back to text that parses to the same action.
+        assert parse_action(format_action(result)) == result
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_ADVERSARIAL)
+def test_adversarial_answers_give_an_action_or_a_parse_error(inner: str) -> None:
+    result = _parse_or_error(f"<think>t</think><answer>{inner}</answer>")
+    assert isinstance(result, Action | ParseError)
+
+
+_ACTIONS = st.one_of(
+    st.builds(
+        Action,
+        kind=st.just("do"),
+        name=st.sampled_from(["Click", "Right Click", "Hover"]),
+        element=st.integers(0, 10**6),
+    ),
+    st.builds(
+        Action,
+        kind=st.just("do"),
+        name=st.sampled_from(["Type", "Search", "Select Dropdown Option"]),
+        argument=st.text(),
+        element=st.integers(0, 10**6),
+    ),
+    st.builds(Action, kind=st.just("exit"), message=st.text()),
+    st.sampled_from(
+        [
+            Action(kind="go_backward"),
+            Action(kind="go_forward"),
+            Action(kind="do", name="Scroll Down"),
+            Action(kind="do", name="Press Enter"),
+            Action(kind="do", name="Switch Tab", argument="2"),
+        ]
+    ),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_ACTIONS)
+def test_format_then_parse_is_the_identity(action: Action) -> None:
+    text = format_action(action)
+    if len(text) <= MAX_ANSWER_CHARS:
+        assert parse_action(text) == action
+        assert parse_completion(f"<think>x</think><answer>{text}</answer>").action == action

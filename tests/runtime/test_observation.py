@@ -1,0 +1,245 @@
+"""Observations of pages nobody in this project's runtime wrote: ids, determinism, budget.
+
+The three fixture pages (a documentation page, a login form, a 300-row table) were
+written for these tests in the style of real sites; they are served on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from runtime.browser import BrowserPool
+from runtime.config import ObservationConfig
+from runtime.messages import Action
+from runtime.observation import (
+    ID_ATTRIBUTE,
+    Snapshot,
+    estimate_tokens,
+    parse_elements,
+    render,
+)
+
+pytestmark = [pytest.mark.anyio]
+
+# What a user can act on, and what of it each page hides on purpose.
+INTERACTIVE = "a[href], button, input:not([type=hidden]), select, textarea, summary, [role=button]"
+HIDDEN = {
+    "docs": ".mobile-menu *, .invisible *",
+    "login": "input[type=hidden]",
+    "table": "",
+}
+
+_MARKS = """([selector, hidden, attr]) => {
+  const hiddenSet = new Set(hidden ? document.querySelectorAll(hidden) : []);
+  return [...document.querySelectorAll(selector)].map((el) => ({
+    html: el.outerHTML.slice(0, 80),
+    id: el.getAttribute(attr),
+    hidden: hiddenSet.has(el),
+  }));
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("name", ["docs", "login", "table"])
+async def test_every_control_gets_an_id(pool: BrowserPool, web: Any, name: str) -> None:
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web(f"/fixtures/{name}.html")])
+        observation = await session.observe(ObservationConfig(max_tokens=100_000))
+        marks = await session.page.evaluate(_MARKS, [INTERACTIVE, HIDDEN[name], ID_ATTRIBUTE])
+        visible = [m for m in marks if not m["hidden"]]
+        assert len(visible) >= 15
+        assert [m["html"] for m in visible if m["id"] is None] == []
+        assert [m["html"] for m in marks if m["hidden"] and m["id"] is not None] == []
+        ids = [int(m["id"]) for m in visible]
+        # Ids are 1..n in DOM order, all of them shown with their number.
+        assert ids == sorted(ids)
+        assert sorted(observation.elements) == list(range(1, len(observation.elements) + 1))
+        assert set(ids) <= set(observation.elements)
+        for element_id in ids:
+            assert f' id="{element_id}"' in observation.text
+
+
+@pytest.mark.browser
+async def test_what_the_docs_page_shows(pool: BrowserPool, web: Any) -> None:
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/fixtures/docs.html")])
+        text = (await session.observe(ObservationConfig(max_text_chars=60))).text
+    assert "Title: Streams — Pipewright 3.2 documentation" in text
+    assert '<select id="5" name="version" aria-label="Version"><option selected>3.2 (stable)' in text
+    assert "<h2>Parameters</h2>" in text
+    assert "<tr><td>buffer</td><td>int</td><td>0</td>" in text
+    # Hidden things stay hidden; text is cut to max_text_chars with an ellipsis.
+    for hidden in ("Install (mobile)", "Close menu", "invisible", "Secret link"):
+        assert hidden not in text
+    assert "<p>Closing the sending side ends the consumer's loop. A very l…</p>" in text
+    assert max(len(run) for run in re.split(r"<[^>]*>", text)) <= 200
+
+
+@pytest.mark.browser
+async def test_login_form_controls_and_values(pool: BrowserPool, web: Any) -> None:
+    config = ObservationConfig()
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/fixtures/login.html")])
+        first = await session.observe(config)
+        by_name = {e.attrs.get("name"): e for e in first.elements.values()}
+        assert "csrf_token" not in by_name  # type=hidden
+        await session.execute(
+            Action(kind="do", name="Type", argument="ada", element=by_name["username"].id)
+        )
+        await session.execute(
+            Action(kind="do", name="Type", argument="s3cret", element=by_name["password"].id)
+        )
+        # The styled checkbox has no box of its own; clicking it still ticks it.
+        await session.execute(Action(kind="do", name="Click", element=by_name["remember"].id))
+        await session.execute(
+            Action(
+                kind="do",
+                name="Select Dropdown Option",
+                argument="español",
+                element=by_name["language"].id,
+            )
+        )
+        after = await session.observe(config)
+    assert 'name="username" value="ada"' in after.text
+    assert 'name="password" value="******"' in after.text  # never the password itself
+    assert 'name="remember" value="1" checked' in after.text
+    assert "<option selected>Español</option>" in after.text
+    assert 'name="area" value="personal" checked' in after.text
+
+
+@pytest.mark.browser
+async def test_observation_is_deterministic(pool: BrowserPool, web: Any) -> None:
+    config = ObservationConfig()
+    texts = []
+    for _ in range(2):
+        async with pool.session(allowed=[web.url]) as session:
+            await session.open([web("/fixtures/docs.html")])
+            texts.append((await session.observe(config)).text)
+            texts.append((await session.observe(config)).text)
+    assert len(set(texts)) == 1
+
+
+@pytest.mark.browser
+async def test_long_table_is_cut_to_the_budget_and_scrolls_on(pool: BrowserPool, web: Any) -> None:
+    config = ObservationConfig(max_tokens=1500)
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/fixtures/table.html")])
+        first = await session.observe(config)
+        assert first.tokens <= 1500
+        assert estimate_tokens(first.text) <= 1500
+        match = re.search(r"<!-- truncated: (\d+) more lines below -->$", first.text)
+        assert match is not None and int(match.group(1)) > 250
+        orders = [int(o) for o in re.findall(r">#(\d+)</a>", first.text)]
+        assert orders == list(range(10001, 10001 + len(orders)))
+
+        await session.execute(Action(kind="do", name="Scroll Down"))
+        second = await session.observe(config)
+        later = [int(o) for o in re.findall(r">#(\d+)</a>", second.text)]
+        # Scrolling continues right after the last row shown: no row is skipped.
+        assert later[0] == orders[-1] + 1
+        assert "lines above: Scroll Up to see them -->" in second.text
+        # The ids of the scrolled view are the page's ids, still in DOM order.
+        assert min(second.elements) > max(first.elements)
+
+        # A real tokenizer-like counter (words) is obeyed just as well.
+        def words(text: str) -> int:
+            return len(text.split())
+
+        counted = await session.observe(ObservationConfig(max_tokens=300), count_tokens=words)
+        assert counted.tokens == words(counted.text) <= 300
+
+
+@pytest.mark.browser
+async def test_parse_elements_reads_back_what_was_rendered(pool: BrowserPool, web: Any) -> None:
+    for style in ("html", "compact"):
+        config = ObservationConfig(style=style, max_tokens=100_000)
+        async with pool.session(allowed=[web.url]) as session:
+            await session.open([web("/fixtures/login.html")])
+            observation = await session.observe(config)
+        parsed = {e.id: e for e in parse_elements(observation.text, style)}
+        assert sorted(parsed) == sorted(observation.elements)
+        language = next(e for e in parsed.values() if e.tag == "select")
+        assert language.options == ("English", "Español", "Tiếng Việt")
+        links = [e.text for e in parsed.values() if e.tag == "a"]
+        assert "Forgot your password?" in links
+        if style == "html":
+            for element_id, element in observation.elements.items():
+                assert parsed[element_id].text == element.text
+                assert parsed[element_id].tag == element.tag
+
+
+def _snapshot(root: dict[str, object], scroll_y: int = 0) -> Snapshot:
+    return Snapshot(
+        url="http://127.0.0.1:1/x",
+        title="T",
+        scroll_y=scroll_y,
+        viewport_height=1000,
+        page_height=2000,
+        root=root,
+    )
+
+
+def test_render_is_a_pure_function_of_the_snapshot() -> None:
+    root = {
+        "t": "",
+        "b": 0,
+        "c": [
+            {"t": "h1", "b": 40, "c": ["Shop"]},
+            {
+                "t": "p",
+                "b": 80,
+                "c": [
+                    "See ",
+                    {"t": "a", "i": 1, "a": {"href": "/x", "onclick": "evil()"}, "b": 80, "c": ["<script>"]},
+                    " now",
+                ],
+            },
+            {"t": "", "b": 120, "c": [{"t": "button", "i": 2, "a": {"title": 'say "hi"'}, "b": 120, "c": []}]},
+        ],
+    }
+    config = ObservationConfig(show_url=False)
+    first = render(_snapshot(root), config)
+    assert first == render(_snapshot(root), config)
+    assert first.text.splitlines() == [
+        "Title: T",
+        "<h1>Shop</h1>",
+        '<p>See <a id="1" href="/x">&lt;script></a> now</p>',
+        '<button id="2" title="say &quot;hi&quot;"></button>',
+    ]
+    # Lines wholly above the scroll position are left out and counted.
+    scrolled = render(_snapshot(root, scroll_y=90), config)
+    assert "<!-- 2 lines above: Scroll Up to see them -->" in scrolled.text
+    assert "<h1>" not in scrolled.text
+    assert sorted(scrolled.elements) == [2]
+
+
+def test_compact_style_puts_text_before_the_id() -> None:
+    root = {
+        "t": "",
+        "b": 0,
+        "c": [
+            {"t": "h2", "b": 10, "c": ["Cart"]},
+            {"t": "a", "i": 1, "a": {"href": "/c"}, "b": 20, "c": ["Electronics"]},
+            {"t": "input", "i": 2, "a": {"placeholder": "Search products", "value": "shoes", "name": "q"}, "b": 30, "c": []},
+            {
+                "t": "select",
+                "i": 3,
+                "a": {"name": "size"},
+                "b": 40,
+                "c": [{"t": "option", "a": {}, "c": ["S"]}, {"t": "option", "a": {"selected": ""}, "c": ["M"]}],
+            },
+            {"t": "table", "b": 60, "c": [{"t": "tr", "b": 60, "c": [{"t": "td", "b": 60, "c": ["A"]}, {"t": "td", "b": 60, "c": ["$3"]}]}]},
+        ],
+    }
+    text = render(_snapshot(root), ObservationConfig(style="compact", show_url=False)).text
+    assert text.splitlines() == [
+        "Title: T",
+        "## Cart",
+        "link Electronics [1]",
+        'input Search products = "shoes" [2]',
+        "select size [3]: S | M (selected)",
+        "| A | $3",
+    ]
