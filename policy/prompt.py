@@ -1,7 +1,8 @@
 """What the model reads: the system prompt, and each turn's messages with compression.
 
 The same functions build the messages of rollouts (runtime), of behaviour-cloning data
-and of the learner's samples, so a turn is rendered identically everywhere.
+and of the learner's samples, and `PromptRenderer` turns them into token ids with the
+model's own chat template, so a turn is rendered identically everywhere.
 
 Dynamic context compression (WebAgent-R1): turn t sees the system prompt, the task, every
 earlier turn with its observation replaced by `** Simplified html **` and its action kept
@@ -10,14 +11,26 @@ earlier turn with its observation replaced by `** Simplified html **` and its ac
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
 
+from jinja2 import Template, TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from policy.errors import ModelFilesError
 from runtime.messages import ChatMessage
 
 __all__ = [
     "COMPRESSED_OBSERVATION",
     "SYSTEM_PROMPT",
+    "PromptRenderer",
     "build_messages",
     "strip_thought",
     "user_message",
@@ -90,3 +103,185 @@ def build_messages(
         messages.append(ChatMessage(role="assistant", content=kept))
     messages.append(user_message(intent, len(history), observation))
     return messages
+
+
+# --------------------------------------------------------------------------- rendering
+
+_SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` (assistant-mask templates): body as is."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's own attribute)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _compile_template(source: str) -> Template:
+    """A chat template compiled the way transformers' `apply_chat_template` compiles it."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json stores it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _pick_template(raw: Any, where: Path) -> str:
+    """tokenizer_config.json's chat_template: a string, or a list of named templates."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return str(named["default"])
+    raise ModelFilesError(f"{where}: chat_template is neither a string nor a named 'default'")
+
+
+class PromptRenderer:
+    """Chat messages to token ids with a model's own tokenizer and chat template.
+
+    Uses `tokenizers` and jinja2 only (no torch, no transformers), compiled like
+    transformers' `apply_chat_template` and encoded without added special tokens, so the
+    ids equal `AutoTokenizer.apply_chat_template(..., tokenize=True)`. One renderer serves
+    rollouts, behaviour-cloning data and the learner. Templates that call `strftime_now`
+    (dates) are reproducible within a day only.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str,
+        special_tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
+        self._template = _compile_template(chat_template)
+        eos = self.special_tokens.get("eos_token")
+        self.eos_token_id: int | None = None if eos is None else tokenizer.token_to_id(eos)
+
+    @classmethod
+    def from_model(cls, model: str | Path) -> PromptRenderer:
+        """The renderer of a model folder (tokenizer.json, tokenizer_config.json, and
+        chat_template.jinja if the template is kept there), or of a Hugging Face model id
+        (its files fetched through huggingface_hub; needs network)."""
+        folder = Path(model)
+        if not folder.is_dir():
+            folder = _download_tokenizer_files(str(model))
+        tokenizer_file = folder / "tokenizer.json"
+        config_file = folder / "tokenizer_config.json"
+        if not tokenizer_file.is_file():
+            raise ModelFilesError(f"{folder}: no tokenizer.json")
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            config = json.loads(config_file.read_text("utf-8")) if config_file.is_file() else {}
+        except Exception as exc:  # tokenizers raises plain Exception on a bad file
+            raise ModelFilesError(f"{folder}: unreadable tokenizer files ({exc})") from exc
+        jinja_file = folder / "chat_template.jinja"
+        if "chat_template" in config:
+            template = _pick_template(config["chat_template"], config_file)
+        elif jinja_file.is_file():
+            template = jinja_file.read_text("utf-8")
+        else:
+            raise ModelFilesError(f"{folder}: no chat template (tokenizer_config.json or .jinja)")
+        specials = {
+            key: text for key in _SPECIAL_TOKEN_KEYS if (text := _token_text(config.get(key)))
+        }
+        return cls(tokenizer, template, specials)
+
+    def render_text(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt as text: the chat template applied to `messages`."""
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            return self._template.render(
+                messages=chat,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )
+        except TemplateError as exc:
+            raise ModelFilesError(f"the chat template failed: {exc}") from exc
+
+    def render(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The prompt's token ids, ready for a token-in completion request."""
+        return self.encode(self.render_text(messages, add_generation_prompt=add_generation_prompt))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special-token strings in it map to their ids, none added."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens `text` takes (observation budgets)."""
+        return len(self.encode(text))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of token ids."""
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text
+
+
+def _download_tokenizer_files(model_id: str) -> Path:
+    """The tokenizer files of a hub model, fetched into the local Hugging Face cache."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:
+        raise ModelFilesError(f"{model_id}: not a folder, and huggingface_hub is missing") from exc
+    folder: Path | None = None
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        try:
+            folder = Path(hf_hub_download(model_id, name)).parent
+        except Exception as exc:
+            if name == "tokenizer.json":
+                raise ModelFilesError(f"{model_id}: cannot fetch {name} ({exc})") from exc
+    assert folder is not None
+    return folder

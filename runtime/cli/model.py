@@ -1,0 +1,50 @@
+"""`webagent model init`: make the embedded default's tiny model locally."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from runtime.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("model", help="make the policy model")
+    cmds = parser.add_subparsers(title="model commands", metavar="ACTION", required=True)
+
+    init = cmds.add_parser(
+        "init",
+        help="make a tiny Qwen2 model and a BPE tokenizer trained on the built-in sites",
+        description=(
+            "Make a tiny Qwen2 model (random weights from --seed) and a byte-level BPE "
+            "tokenizer with a ChatML template, trained on the system prompt, DSL examples "
+            "and the built-in sites' pages and task intents; saved so that vLLM serves it "
+            "and transformers loads it. Deterministic for a seed."
+        ),
+    )
+    init.add_argument("--out", required=True, metavar="DIR", help="folder to create")
+    init.add_argument("--seed", type=int, default=0, help="seed of the weights and the corpus")
+    init.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    init.set_defaults(func=_init)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from runtime.modelinit import init_tiny_model
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UsageError(f"{out} exists; pass --force to replace it")
+    started = time.monotonic()
+    info = anyio.run(lambda: init_tiny_model(out, seed=args.seed, overwrite=args.force))
+    print(
+        f"made {out}: Qwen2 {info.spec.num_layers} layers x {info.spec.hidden_size}, "
+        f"{info.parameters / 1e6:.2f}M parameters, vocabulary {info.vocab_size}, "
+        f"seed {info.seed} ({time.monotonic() - started:.1f} s)",
+        file=sys.stdout,
+    )
+    return 0
