@@ -18,6 +18,7 @@ __all__ = [
     "ADMIN_PER_PAGE",
     "ORDER_SORTS",
     "PERIODS",
+    "bestseller_counts",
     "bestsellers",
     "build_admin",
     "filter_orders",
@@ -96,11 +97,12 @@ def search_customers(tenant: Tenant, world: World, query: str) -> list[Customer]
     ]
 
 
-def bestsellers(tenant: Tenant, world: World, year: str, period: str) -> list[tuple[str, str, int]]:
-    """(period label, product name, quantity ordered) rows of the bestsellers report.
+def bestseller_counts(
+    tenant: Tenant, world: World, year: str, period: str
+) -> dict[str, dict[str, int]]:
+    """{period label: {product name: quantity ordered}}; canceled orders do not count.
 
-    Canceled orders do not count. "Year": the five best-selling products of the year;
-    "Month": the best-selling product of each month that had orders. Ties: by name.
+    Labels: the year ("2023") for period "Year", "March 2023" for period "Month".
     """
     by_period: dict[str, dict[str, int]] = {}
     for order in tenant.all(world.orders):
@@ -110,10 +112,19 @@ def bestsellers(tenant: Tenant, world: World, year: str, period: str) -> list[tu
         counts = by_period.setdefault(label, {})
         for item in order.items:
             counts[item.name] = counts.get(item.name, 0) + item.qty
+    return by_period
+
+
+def bestsellers(tenant: Tenant, world: World, year: str, period: str) -> list[tuple[str, str, int]]:
+    """(period label, product name, quantity ordered) rows of the bestsellers report.
+
+    "Year": the five best-selling products of the year; "Month": the best-selling product
+    of each month that had orders. Ties: by name.
+    """
+    by_period = bestseller_counts(tenant, world, year, period)
     rows: list[tuple[str, str, int]] = []
     keep = 5 if period == "Year" else 1
-    labels = sorted(by_period, key=lambda lbl: (lbl[-4:], _month_index(lbl)))
-    for label in labels:
+    for label in sorted(by_period, key=_month_index):
         ranked = sorted(by_period[label].items(), key=lambda kv: (-kv[1], kv[0]))
         rows.extend((label, name, qty) for name, qty in ranked[:keep])
     return rows

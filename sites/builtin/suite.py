@@ -1,0 +1,341 @@
+"""The built-in task suite: templates instantiated from the seeded data, with oracle plans.
+
+A `Template` lists its candidate instantiations (`candidates(world)`, deterministic, with
+ambiguous ones left out) and turns one into a `Built` task: intent, start URL, WebArena
+`eval` and the scripted plan. Reference answers are computed through the same query
+functions the sites use, on a fresh tenant (the seeded data), so they agree with the pages.
+
+Splits (`generate_suite(seed)`):
+- test: about 40 tasks per site, spread over the site's in-distribution templates;
+- train: the next candidates of the same templates (never the same instantiation), up to
+  `Template.train_cap` each;
+- ood: templates marked `ood` only; they never appear in train or test.
+
+Task ids: train 0..99999, test 100000..199999, ood 200000..299999 (in generation order).
+Every task carries `builtin_seed` (an extra field, kept by the task codecs) so that
+`plan_for(task)` can rebuild its plan from `intent_template_id` and `instantiation_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from msgspec import UNSET
+
+from runtime.messages import (
+    ElementQuery,
+    EvalSpec,
+    OracleStep,
+    ProgramHtmlCheck,
+    ReferenceAnswers,
+    TaskConfig,
+)
+from sites.builtin.data import World, build_world
+from sites.builtin.errors import NotInSuiteError
+from sites.builtin.store import Tenant
+
+__all__ = [
+    "ID_BASE",
+    "SEED_FIELD",
+    "Built",
+    "Template",
+    "button",
+    "exit_with",
+    "generate_suite",
+    "link",
+    "next_pages",
+    "plan_for",
+    "program_html",
+    "search",
+    "select",
+    "step_band",
+    "string_match",
+    "type_into",
+    "url_match",
+]
+
+ID_BASE = {"train": 0, "test": 100_000, "ood": 200_000}
+SEED_FIELD = "builtin_seed"
+TEST_PER_SITE = 40
+PLACEHOLDER = {
+    "shopping": "__SHOPPING__",
+    "shopping_admin": "__SHOPPING_ADMIN__",
+    "reddit": "__REDDIT__",
+    "gitlab": "__GITLAB__",
+    "map": "__MAP__",
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    """One instantiated task, before it gets an id."""
+
+    intent: str
+    start: str  # path on the template's site, e.g. "/product/5"
+    eval: EvalSpec
+    plan: list[OracleStep]
+    require_login: bool = False
+    require_reset: bool = False
+
+
+@dataclass(frozen=True)
+class Template:
+    """A task template of one site."""
+
+    id: int
+    site: str  # task site name: "shopping", "shopping_admin", "reddit", "gitlab", "map"
+    name: str
+    intent_template: str
+    candidates: Callable[[World, Tenant], list[dict[str, str]]]
+    build: Callable[[World, Tenant, dict[str, str]], Built]
+    ood: bool = False
+    train_cap: int = 30
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- plan steps
+
+
+def link(text: str, thought: str, *, nth: int = 0) -> OracleStep:
+    """Click the link whose visible text is `text`."""
+    return OracleStep(
+        action="Click", target=ElementQuery(tag="a", text=text, nth=nth), thought=thought
+    )
+
+
+def button(text: str, thought: str) -> OracleStep:
+    """Click the button whose visible text is `text`."""
+    return OracleStep(action="Click", target=ElementQuery(tag="button", text=text), thought=thought)
+
+
+def type_into(name: str, value: str, thought: str, *, tag: str = "input") -> OracleStep:
+    """Replace the text of the field named `name` with `value`."""
+    return OracleStep(
+        action="Type",
+        target=ElementQuery(tag=tag, attrs={"name": name}),
+        argument=value,
+        thought=thought,
+    )
+
+
+def search(name: str, value: str, thought: str) -> OracleStep:
+    """Type `value` into the field named `name` and press Enter."""
+    return OracleStep(
+        action="Search",
+        target=ElementQuery(tag="input", attrs={"name": name}),
+        argument=value,
+        thought=thought,
+    )
+
+
+def select(name: str, option: str, thought: str) -> OracleStep:
+    """Choose the option with visible text `option` in the select named `name`."""
+    return OracleStep(
+        action="Select Dropdown Option",
+        target=ElementQuery(tag="select", attrs={"name": name}),
+        argument=option,
+        thought=thought,
+    )
+
+
+def exit_with(message: str, thought: str) -> OracleStep:
+    return OracleStep(action="exit", message=message, thought=thought)
+
+
+def next_pages(index: int, per_page: int, what: str) -> list[OracleStep]:
+    """Next-link clicks from page 1 to the page holding item `index` (0-based)."""
+    return [
+        link("Next", f"{what} is not on this page; go to the next page.")
+        for _ in range(index // per_page)
+    ]
+
+
+def step_band(steps: int) -> str:
+    """ "1-3", "4-6", "7-9" or "10+": the length band of a plan (its exit included)."""
+    if steps <= 3:
+        return "1-3"
+    if steps <= 6:
+        return "4-6"
+    if steps <= 9:
+        return "7-9"
+    return "10+"
+
+
+# --------------------------------------------------------------------------- eval specs
+
+
+def string_match(
+    *, exact: str | None = None, must_include: list[str] | None = None, note: str = ""
+) -> EvalSpec:
+    included: list[str | int | float] | None = None
+    if must_include is not None:
+        included = [*must_include]
+    answers = ReferenceAnswers(
+        exact_match=exact if exact is not None else UNSET,
+        must_include=included if included is not None else UNSET,
+    )
+    raw = exact if exact is not None else " |AND| ".join(must_include or [])
+    return EvalSpec(
+        eval_types=["string_match"],
+        reference_answers=answers,
+        reference_url="",
+        program_html=[],
+        string_note=note,
+        reference_answer_raw_annotation=raw,
+    )
+
+
+def url_match(site: str, path: str) -> EvalSpec:
+    return EvalSpec(
+        eval_types=["url_match"],
+        reference_answers=None,
+        reference_url=f"{PLACEHOLDER[site]}{path}",
+        url_note="GOLD in PRED",
+        program_html=[],
+    )
+
+
+def program_html(site: str, checks: list[tuple[str, str, dict[str, Any]]]) -> EvalSpec:
+    """`checks`: (path on `site` or "last", JS locator expression, required_contents)."""
+    return EvalSpec(
+        eval_types=["program_html"],
+        reference_answers=None,
+        reference_url="",
+        program_html=[
+            ProgramHtmlCheck(
+                url=path if path == "last" else f"{PLACEHOLDER[site]}{path}",
+                locator=locator,
+                required_contents=required,
+            )
+            for path, locator, required in checks
+        ],
+    )
+
+
+# --------------------------------------------------------------------------- the suite
+
+
+def _templates() -> list[Template]:
+    from sites.builtin import tasks_admin, tasks_code, tasks_forum, tasks_map, tasks_shop
+
+    found = [
+        *tasks_shop.TEMPLATES,
+        *tasks_admin.TEMPLATES,
+        *tasks_forum.TEMPLATES,
+        *tasks_code.TEMPLATES,
+        *tasks_map.TEMPLATES,
+    ]
+    ids = [t.id for t in found]
+    if len(ids) != len(set(ids)):  # pragma: no cover - a programming error
+        raise RuntimeError("duplicate template ids")
+    return found
+
+
+def templates() -> dict[int, Template]:
+    """Every template by id."""
+    return {t.id: t for t in _templates()}
+
+
+def _task(
+    template: Template, built: Built, params: dict[str, str], task_id: int, seed: int
+) -> TaskConfig:
+    return TaskConfig(
+        task_id=task_id,
+        intent=built.intent,
+        start_url=f"{PLACEHOLDER[template.site]}{built.start}",
+        sites=[template.site],
+        eval=built.eval,
+        require_login=built.require_login,
+        storage_state=None,
+        geolocation=None,
+        intent_template=template.intent_template,
+        instantiation_dict=dict(params),
+        require_reset=built.require_reset,
+        intent_template_id=template.id,
+        extra_fields={SEED_FIELD: seed},
+    )
+
+
+def generate_suite(seed: int = 0) -> dict[str, list[TaskConfig]]:
+    """{"train": [...], "test": [...], "ood": [...]}: deterministic for a seed."""
+    world = build_world(seed)
+    base = Tenant("seeded-data")
+    all_templates = _templates()
+    per_site: dict[str, int] = {}
+    for template in all_templates:
+        if not template.ood:
+            per_site[template.site] = per_site.get(template.site, 0) + 1
+    splits: dict[str, list[tuple[Template, dict[str, str]]]] = {"train": [], "test": [], "ood": []}
+    for template in all_templates:
+        candidates = template.candidates(world, base)
+        random.Random(f"{seed}:template:{template.id}").shuffle(candidates)
+        if template.ood:
+            splits["ood"].extend((template, c) for c in candidates[: template.train_cap])
+            continue
+        n_test = min(math.ceil(TEST_PER_SITE / per_site[template.site]), len(candidates) // 2)
+        splits["test"].extend((template, c) for c in candidates[:n_test])
+        splits["train"].extend(
+            (template, c) for c in candidates[n_test : n_test + template.train_cap]
+        )
+    suite: dict[str, list[TaskConfig]] = {}
+    for split, items in splits.items():
+        random.Random(f"{seed}:split:{split}").shuffle(items)
+        suite[split] = [
+            _task(t, t.build(world, base, params), params, ID_BASE[split] + i, seed)
+            for i, (t, params) in enumerate(items)
+        ]
+    return suite
+
+
+def plan_for(task: TaskConfig) -> list[OracleStep]:
+    """The scripted solution of a task from the built-in suite.
+
+    Rebuilt from the task's `builtin_seed`, `intent_template_id` and `instantiation_dict`;
+    a task the suite did not generate (or whose intent no longer matches) raises
+    NotInSuiteError naming the task.
+    """
+    seed = task.extra_fields.get(SEED_FIELD)
+    template = (
+        templates().get(task.intent_template_id)
+        if isinstance(task.intent_template_id, int)
+        else None
+    )
+    params = task.instantiation_dict
+    if not isinstance(seed, int) or template is None or not isinstance(params, dict):
+        raise NotInSuiteError(
+            f"task {task.task_id} is not from the built-in suite (it needs "
+            f"'{SEED_FIELD}', a built-in 'intent_template_id' and 'instantiation_dict')"
+        )
+    world = build_world(seed)
+    try:
+        built = template.build(world, Tenant("seeded-data"), {k: str(v) for k, v in params.items()})
+    except (KeyError, ValueError, IndexError) as exc:
+        raise NotInSuiteError(
+            f"task {task.task_id}: template {template.id} cannot be instantiated with "
+            f"{params!r} ({exc!r})"
+        ) from exc
+    if built.intent != task.intent:
+        raise NotInSuiteError(
+            f"task {task.task_id}: its intent differs from template {template.id}'s "
+            f"({task.intent!r} != {built.intent!r})"
+        )
+    return built.plan
+
+
+def suite_stats(suite: Mapping[str, list[TaskConfig]]) -> dict[str, dict[str, int]]:
+    """Counts per split: total, per site, per plan length band, per template kind."""
+    stats: dict[str, dict[str, int]] = {}
+    for split, tasks in suite.items():
+        counts: dict[str, int] = {"total": len(tasks)}
+        for task in tasks:
+            for site in task.sites:
+                counts[f"site:{site}"] = counts.get(f"site:{site}", 0) + 1
+            band = step_band(len(plan_for(task)))
+            counts[f"steps:{band}"] = counts.get(f"steps:{band}", 0) + 1
+        counts["templates"] = len({t.intent_template_id for t in tasks})
+        stats[split] = dict(sorted(counts.items()))
+    return stats
