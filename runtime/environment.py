@@ -14,7 +14,6 @@ the URLs whose hosts the episode may visit, and the cookies its context starts w
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ __all__ = [
     "Environment",
     "EpisodeSetup",
     "SitesEnvironment",
+    "evaluation_options",
     "serve_builtin_environment",
 ]
 
@@ -76,16 +76,20 @@ async def _evaluate(
     page: Page,
     urls: Mapping[str, str],
     judge: Any = None,
+    options: Mapping[str, float] | None = None,
 ) -> Evaluation:
-    """`sites.evaluators.evaluate`, awaited when it is a coroutine."""
+    """`sites.evaluators.evaluate` with the configured timeouts."""
     from sites.evaluators import evaluate
 
-    result: Any = evaluate(task, answer=answer, page=page, urls=urls, judge=judge)
-    if inspect.isawaitable(result):
-        result = await result
-    if not isinstance(result, Evaluation):  # pragma: no cover - a contract violation
-        raise TypeError(f"sites.evaluators.evaluate returned {type(result).__name__}")
-    return result
+    return await evaluate(task, answer=answer, page=page, urls=urls, judge=judge, **(options or {}))
+
+
+def evaluation_options(config: SitesConfig) -> dict[str, float]:
+    """The evaluators' timeouts from the sites configuration."""
+    return {
+        "locator_timeout_s": config.locator_timeout_s,
+        "navigation_timeout_s": config.eval_navigation_timeout_s,
+    }
 
 
 class SitesEnvironment:
@@ -98,10 +102,12 @@ class SitesEnvironment:
         *,
         judge: Any = None,
         extra_allowed: Sequence[str] = (),
+        eval_options: Mapping[str, float] | None = None,
     ) -> None:
         self._urls = dict(urls)
         self._tasks = {split: list(items) for split, items in tasks.items()}
         self.judge = judge
+        self.eval_options = dict(eval_options or {})
         self.extra_allowed = list(extra_allowed)
 
     @property
@@ -114,14 +120,15 @@ class SitesEnvironment:
             raise KeyError(f"no split {split!r} (splits: {known})")
         return list(self._tasks[split])
 
-    def allowed_for(self, task: TaskConfig, start: Sequence[str]) -> list[str]:
-        """Every site URL of this environment, the start URLs and `extra_allowed`.
+    def allowed_for(self, task: TaskConfig) -> list[str]:
+        """Every site URL of this environment and `extra_allowed`.
 
         Every site is allowed rather than only the task's: WebArena tasks move between
         sites (a map link from a shop page), and all sites here are the task author's.
+        A start URL elsewhere is not allowed: the episode ends with `error:task`.
         """
         del task
-        return sorted({*self._urls.values(), *start, *self.extra_allowed})
+        return sorted({*self._urls.values(), *self.extra_allowed})
 
     @asynccontextmanager
     async def episode(self, task: TaskConfig) -> AsyncIterator[EpisodeSetup]:
@@ -130,22 +137,31 @@ class SitesEnvironment:
             task=resolved,
             start_urls=start,
             urls=dict(self._urls),
-            allowed=self.allowed_for(resolved, start),
+            allowed=self.allowed_for(resolved),
         )
 
     async def evaluate(
         self, task: TaskConfig, *, answer: str | None, page: Page, urls: Mapping[str, str]
     ) -> Evaluation:
-        return await _evaluate(task, answer=answer, page=page, urls=urls, judge=self.judge)
+        return await _evaluate(
+            task, answer=answer, page=page, urls=urls, judge=self.judge, options=self.eval_options
+        )
 
 
 class BuiltinEnvironment(SitesEnvironment):
     """The built-in sites, one tenant per episode."""
 
-    def __init__(self, sites: Any, *, seed: int = 0, judge: Any = None) -> None:
+    def __init__(
+        self,
+        sites: Any,
+        *,
+        seed: int = 0,
+        judge: Any = None,
+        eval_options: Mapping[str, float] | None = None,
+    ) -> None:
         from sites.builtin import generate_suite
 
-        super().__init__(sites.urls, generate_suite(seed), judge=judge)
+        super().__init__(sites.urls, generate_suite(seed), judge=judge, eval_options=eval_options)
         self.sites = sites
 
     @asynccontextmanager
@@ -169,7 +185,7 @@ class BuiltinEnvironment(SitesEnvironment):
                 task=resolved,
                 start_urls=start,
                 urls=dict(self.urls),
-                allowed=self.allowed_for(resolved, start),
+                allowed=self.allowed_for(resolved),
                 cookies=cookies,
                 tenant=tenant,
             )
@@ -185,4 +201,6 @@ async def serve_builtin_environment(
     from sites.builtin import serve_builtin_sites
 
     async with serve_builtin_sites(config) as sites:
-        yield BuiltinEnvironment(sites, seed=config.seed, judge=judge)
+        yield BuiltinEnvironment(
+            sites, seed=config.seed, judge=judge, eval_options=evaluation_options(config)
+        )

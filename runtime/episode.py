@@ -63,6 +63,7 @@ from runtime.messages import (
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.protocols import Evaluator, Policy
 from runtime.session import BrowserSession
+from sites.errors import PageClosedError
 
 __all__ = ["EVALUATED", "Episode", "EpisodeSettings", "Gate"]
 
@@ -109,6 +110,7 @@ class Gate:
     def __init__(self) -> None:
         self._opened = anyio.Event()
         self._opened.set()
+        self._arrived = anyio.Event()
         self.waiting = 0
 
     @property
@@ -125,10 +127,17 @@ class Gate:
     async def wait_open(self) -> None:
         while not self._opened.is_set():
             self.waiting += 1
+            self._arrived.set()
+            self._arrived = anyio.Event()
             try:
                 await self._opened.wait()
             finally:
                 self.waiting -= 1
+
+    async def wait_held(self, count: int = 1) -> None:
+        """Wait until at least `count` episodes wait at the (closed) gate."""
+        while self.waiting < count:
+            await self._arrived.wait()
 
 
 class Episode:
@@ -356,7 +365,7 @@ class Episode:
             page = self.session.page
             with anyio.fail_after(self.settings.eval_timeout_s):
                 return await self.evaluate(self.task, answer=self.answer, page=page, urls=self.urls)
-        except BrowserError as exc:
+        except (BrowserError, PageClosedError) as exc:
             self._fail("error:browser", exc)
         except Exception as exc:  # an evaluator bug must not lose the trajectory
             log.warning("episode.evaluation_failed", error=f"{type(exc).__name__}: {exc}")

@@ -257,7 +257,7 @@ class _Writer:
             if tag == "img":
                 return f"image {node['a'].get('alt', '')}"
             if tag in ("td", "th"):
-                return f" | {inner} " if tag == "td" or tag == "th" else inner
+                return f" | {inner} "
             return inner
         if tag == "":
             return inner

@@ -84,7 +84,8 @@ class Scheduler:
         self.seed = seed
         self.num_groups = num_groups
         self.shuffle = shuffle
-        self._slots = anyio.CapacityLimiter(max_groups)
+        # A semaphore, not a CapacityLimiter: the producer acquires, the group task releases.
+        self._slots = anyio.Semaphore(max_groups)
         self._producer = anyio.CancelScope()
         self._idle = anyio.Event()
         self._order: list[TaskConfig] = []

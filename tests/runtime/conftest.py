@@ -32,10 +32,14 @@ PAGES: dict[str, str] = {
 <button type="submit">Send</button>
 </form>
 <button id="hv" onmouseover="document.getElementById('out').textContent='hovered'">Hover me</button>
-<button id="rc" oncontextmenu="document.getElementById('out').textContent='right-clicked'; return false">Right click me</button>
+<button id="rc"
+  oncontextmenu="document.getElementById('out').textContent='right-clicked'; return false"
+>Right click me</button>
 <button onclick="document.getElementById('out').textContent='clicked'">Click me</button>
 <button onclick="alert('Saved!')">Alert</button>
-<button onclick="document.getElementById('out').textContent = confirm('Delete?') ? 'deleted' : 'kept'">Delete</button>
+<button
+  onclick="document.getElementById('out').textContent = confirm('Delete?') ? 'deleted' : 'kept'"
+>Delete</button>
 <a href="/download">Download report</a>
 <p id="out">nothing yet</p>""",
     "/tabs": """<!doctype html><title>Tabs</title><h1>Tabs</h1>
@@ -50,7 +54,8 @@ PAGES: dict[str, str] = {
 <button onclick="location.reload()">Reload</button>""",
     "/long": "<!doctype html><title>Long</title><h1>Long page</h1>"
     + "".join(
-        f'<p style="height:40px">Paragraph {i} <a href="/p/{i}">link {i}</a></p>' for i in range(200)
+        f'<p style="height:40px">Paragraph {i} <a href="/p/{i}">link {i}</a></p>'
+        for i in range(200)
     ),
     "/busy": """<!doctype html><title>Busy</title><button onclick="for(;;){}">Hang</button>""",
 }

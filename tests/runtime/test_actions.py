@@ -37,7 +37,10 @@ def test_every_action_the_system_prompt_advertises_parses() -> None:
             '<think>the button</think><answer>do(action="Click", element="25")</answer>',
             Action(kind="do", name="Click", element=25),
         ),
-        ('<answer>do(action="Click", element=25)</answer>', Action(kind="do", name="Click", element=25)),
+        (
+            '<answer>do(action="Click", element=25)</answer>',
+            Action(kind="do", name="Click", element=25),
+        ),
         (
             "<answer> do(action='Type', argument='blue shoes', element='3') </answer>",
             Action(kind="do", name="Type", argument="blue shoes", element=3),
@@ -50,7 +53,10 @@ def test_every_action_the_system_prompt_advertises_parses() -> None:
             '<answer>do(action="Select Dropdown Option", argument="Large", element="9")</answer>',
             Action(kind="do", name="Select Dropdown Option", argument="Large", element=9),
         ),
-        ('<answer>do(action="Switch Tab", argument=1)</answer>', Action(kind="do", name="Switch Tab", argument="1")),
+        (
+            '<answer>do(action="Switch Tab", argument=1)</answer>',
+            Action(kind="do", name="Switch Tab", argument="1"),
+        ),
         (
             '<answer>do(action="Goto", argument="http://127.0.0.1:1/x")</answer>',
             Action(kind="do", name="Goto", argument="http://127.0.0.1:1/x"),
@@ -58,10 +64,13 @@ def test_every_action_the_system_prompt_advertises_parses() -> None:
         ('<answer>do(action="Scroll  down")</answer>', Action(kind="do", name="Scroll Down")),
         ("<answer>go_forward()</answer>", Action(kind="go_forward")),
         ('<answer>exit(message="$12.50")</answer>', Action(kind="exit", message="$12.50")),
-        ("<answer>exit('it is \"quoted\"')</answer>", Action(kind="exit", message='it is "quoted"')),
+        (
+            "<answer>exit('it is \"quoted\"')</answer>",
+            Action(kind="exit", message='it is "quoted"'),
+        ),
         ("<answer>exit(message=None)</answer>", Action(kind="exit", message="")),
         ("<answer>exit()</answer>", Action(kind="exit", message="")),
-        ('<answer>exit(message=3.5)</answer>', Action(kind="exit", message="3.5")),
+        ("<answer>exit(message=3.5)</answer>", Action(kind="exit", message="3.5")),
     ],
 )
 def test_valid_completions(text: str, expected: Action) -> None:

@@ -68,7 +68,9 @@ async def test_what_the_docs_page_shows(pool: BrowserPool, web: Any) -> None:
         await session.open([web("/fixtures/docs.html")])
         text = (await session.observe(ObservationConfig(max_text_chars=60))).text
     assert "Title: Streams — Pipewright 3.2 documentation" in text
-    assert '<select id="5" name="version" aria-label="Version"><option selected>3.2 (stable)' in text
+    assert (
+        '<select id="5" name="version" aria-label="Version"><option selected>3.2 (stable)' in text
+    )
     assert "<h2>Parameters</h2>" in text
     assert "<tr><td>buffer</td><td>int</td><td>0</td>" in text
     # Hidden things stay hidden; text is cut to max_text_chars with an ellipsis.
@@ -193,11 +195,21 @@ def test_render_is_a_pure_function_of_the_snapshot() -> None:
                 "b": 80,
                 "c": [
                     "See ",
-                    {"t": "a", "i": 1, "a": {"href": "/x", "onclick": "evil()"}, "b": 80, "c": ["<script>"]},
+                    {
+                        "t": "a",
+                        "i": 1,
+                        "a": {"href": "/x", "onclick": "evil()"},
+                        "b": 80,
+                        "c": ["<script>"],
+                    },
                     " now",
                 ],
             },
-            {"t": "", "b": 120, "c": [{"t": "button", "i": 2, "a": {"title": 'say "hi"'}, "b": 120, "c": []}]},
+            {
+                "t": "",
+                "b": 120,
+                "c": [{"t": "button", "i": 2, "a": {"title": 'say "hi"'}, "b": 120, "c": []}],
+            },
         ],
     }
     config = ObservationConfig(show_url=False)
@@ -223,15 +235,34 @@ def test_compact_style_puts_text_before_the_id() -> None:
         "c": [
             {"t": "h2", "b": 10, "c": ["Cart"]},
             {"t": "a", "i": 1, "a": {"href": "/c"}, "b": 20, "c": ["Electronics"]},
-            {"t": "input", "i": 2, "a": {"placeholder": "Search products", "value": "shoes", "name": "q"}, "b": 30, "c": []},
+            {
+                "t": "input",
+                "i": 2,
+                "a": {"placeholder": "Search products", "value": "shoes", "name": "q"},
+                "b": 30,
+                "c": [],
+            },
             {
                 "t": "select",
                 "i": 3,
                 "a": {"name": "size"},
                 "b": 40,
-                "c": [{"t": "option", "a": {}, "c": ["S"]}, {"t": "option", "a": {"selected": ""}, "c": ["M"]}],
+                "c": [
+                    {"t": "option", "a": {}, "c": ["S"]},
+                    {"t": "option", "a": {"selected": ""}, "c": ["M"]},
+                ],
             },
-            {"t": "table", "b": 60, "c": [{"t": "tr", "b": 60, "c": [{"t": "td", "b": 60, "c": ["A"]}, {"t": "td", "b": 60, "c": ["$3"]}]}]},
+            {
+                "t": "table",
+                "b": 60,
+                "c": [
+                    {
+                        "t": "tr",
+                        "b": 60,
+                        "c": [{"t": "td", "b": 60, "c": ["A"]}, {"t": "td", "b": 60, "c": ["$3"]}],
+                    }
+                ],
+            },
         ],
     }
     text = render(_snapshot(root), ObservationConfig(style="compact", show_url=False)).text

@@ -141,7 +141,7 @@ async def test_allowlist_blocks_leaving_the_sites(pool: BrowserPool, web: Any) -
         obs = await session.observe(CONFIG)
         assert obs.url == web("/tabs")  # still here
         assert obs.text.startswith(f"Error: navigation to {web.other}/elsewhere was blocked")
-        with pytest.raises(NavigationBlocked, match="only 127.0.0.1:"):
+        with pytest.raises(NavigationBlocked, match=r"only 127\.0\.0\.1:"):
             await session.execute(do("Goto", argument=f"{web.other}/elsewhere"))
         for url in ("file:///etc/passwd", "data:text/html,<h1>x</h1>", "chrome://version"):
             with pytest.raises(NavigationBlocked, match="only http"):
