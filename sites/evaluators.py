@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -76,6 +77,7 @@ _T = TypeVar("_T")
 _URL_HELPERS = {"reddit_get_post_url": 1}
 _LOCATOR_HELPERS = {"gitlab_get_project_memeber_role": 2}
 _SNIPPET = 160
+_API_PREFIX = re.compile(r"^[A-Z]\w*\.\w+: ")
 
 # GitLab's project members page: the role cell of the row whose account reads "@name".
 _GITLAB_ROLE_JS = """(account) => {
@@ -187,7 +189,9 @@ async def _page_call(what: str, call: Callable[[], Awaitable[_T]]) -> _T:
     try:
         return await call()
     except PlaywrightError as exc:
-        first = exc.message.strip().splitlines()[0] if exc.message.strip() else type(exc).__name__
+        lines = exc.message.strip().splitlines()
+        # "Page.evaluate: TypeError: ..." -> "TypeError: ..."
+        first = _API_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
         error = PageClosedError if _is_closed(exc) else PageError
         raise error(f"{what}: {first}") from exc
 
@@ -311,15 +315,18 @@ def _url_check(task: TaskConfig, final_url: str, urls: Mapping[str, str]) -> _Ch
 class _Limits:
     locator_s: float
     navigation_s: float
+    settle_s: float
 
 
 async def _navigate(page: Page, url: str, limits: _Limits) -> None:
     ms = limits.navigation_s * 1000
     await _page_call(f"going to {url}", lambda: page.goto(url, wait_until="load", timeout=ms))
     # Script-rendered parts (GitLab's member lists) need the network to settle; WebArena
-    # sleeps 3 s here. Wait for that condition instead, up to 3 s.
+    # sleeps 3 s here. Wait for that condition instead (at least 0.5 s, at most settle_s).
+    if limits.settle_s <= 0:
+        return
     try:
-        settle = min(3000.0, ms)
+        settle = limits.settle_s * 1000
         await _page_call(
             "settling", lambda: page.wait_for_load_state("networkidle", timeout=settle)
         )
@@ -337,7 +344,7 @@ async def _run_js(page: Page, script: str, arg: Any, limits: _Limits, what: str)
     except PageClosedError:
         raise
     except PageError as exc:
-        return None, f"{what} threw: {exc}"
+        return None, f"{what} threw {str(exc).removeprefix(f'{what}: ')}"
     assert scope.cancelled_caught
     return None, f"{what} timed out after {limits.locator_s:g} s"
 
@@ -350,7 +357,7 @@ async def _locate(page: Page, entry: ProgramHtmlCheck, limits: _Limits) -> tuple
     locator = entry.locator.strip()
     if not locator:
         with anyio.move_on_after(limits.locator_s):
-            return await _page_call("reading the page", page.content), ""
+            return html.unescape(await _page_call("reading the page", page.content)), ""
         return None, f"reading the page timed out after {limits.locator_s:g} s"
     if locator.startswith("func:"):
         call = parse_func(locator)  # only gitlab_get_project_memeber_role gets here
@@ -440,18 +447,21 @@ async def evaluate(
     judge: Judge | None = None,
     locator_timeout_s: float = 5.0,
     navigation_timeout_s: float = 15.0,
+    settle_timeout_s: float = 3.0,
 ) -> Evaluation:
     """Score an episode: the product of the task's checks on `answer` and `page`.
 
     `answer` is the agent's exit message (None if it never exited); `page` is the page it
     ended on (program_html may navigate it); `urls` resolves `__SITE__` placeholders left
-    in the task. Raises PageError when the browser fails under the evaluator,
+    in the task. After navigating, program_html waits up to `settle_timeout_s` for the
+    network to go idle (0: not at all; server-rendered sites need no wait). Raises
+    PageError when the browser fails under the evaluator,
     PlaceholderError when `urls` lacks a site the task names, TaskFileError for a task
     that could never be scored.
     """
     check_task(task)
     final_url = page.url
-    limits = _Limits(locator_timeout_s, navigation_timeout_s)
+    limits = _Limits(locator_timeout_s, navigation_timeout_s, settle_timeout_s)
     fuzzy: list[_Fuzzy] = []
     checks: list[_Check] = []
     for kind in dict.fromkeys(task.eval.eval_types):

@@ -21,13 +21,14 @@ such as "0" inside "$10.00", and WebArena-Lite's NLTK tokens give false failures
 
 `exact_match` also ignores one trailing full stop on either side ("Sprite." == "sprite").
 
-URLs (`url_matches`): the scheme and the fragment are ignored, the host is compared without
+URLs (`url_matches`): the scheme is ignored, the host is compared without
 case and without a default port, paths are percent-decoded and compared segment by segment
 without a trailing slash. Under WebArena's default rule "GOLD in PRED" the reference path
 must be a segment prefix of the page's path ("/f/books" matches "/f/books/12/a-post";
 "/a/b" matches neither "/a/bc" nor the shorter "/a") and every query
 value of the reference must be among the page's values for that key (extra keys allowed).
-Under "EXACT" paths and queries must be equal.
+The fragment is ignored (as WebArena does). Under "EXACT" (WebArena-Lite's other rule) path,
+query and fragment must all be equal (query order aside).
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ def required_value_holds(spec: str, value: Decimal) -> bool:
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _url_parts(url: str) -> tuple[str, list[str], dict[str, list[str]]]:
-    """(host[:port], path segments, query) of a URL, normalised for comparison."""
+def _url_parts(url: str) -> tuple[str, list[str], dict[str, list[str]], str]:
+    """(host[:port], path segments, query, fragment) of a URL, normalised for comparison."""
     parts = urlsplit(url.strip())
     host = (parts.hostname or "").lower()
     try:
@@ -184,16 +185,16 @@ def _url_parts(url: str) -> tuple[str, list[str], dict[str, list[str]]]:
     path = unquote(parts.path).strip("/")
     segments = path.split("/") if path else []
     query = parse_qs(parts.query, keep_blank_values=True)
-    return host, segments, query
+    return host, segments, query, unquote(parts.fragment)
 
 
 def _one_url_matches(reference: str, actual: str, rule: str) -> bool:
-    ref_host, ref_path, ref_query = _url_parts(reference)
-    host, path, query = _url_parts(actual)
+    ref_host, ref_path, ref_query, ref_fragment = _url_parts(reference)
+    host, path, query, fragment = _url_parts(actual)
     if ref_host and ref_host != host:
         return False
     if rule == EXACT:
-        return ref_path == path and _same_query(ref_query, query)
+        return ref_path == path and _same_query(ref_query, query) and ref_fragment == fragment
     if path[: len(ref_path)] != ref_path:
         return False
     return all(set(values) <= set(query.get(key, [])) for key, values in ref_query.items())

@@ -346,7 +346,10 @@ def parse_tasks(
             raise TaskFileError(source, label, field, problem) from exc
         if task.task_id in seen:
             raise TaskFileError(
-                source, label, "task_id", f"duplicate id (also item {seen[task.task_id]})"
+                source,
+                f"item {index}",
+                "task_id",
+                f"duplicate id {task.task_id} (also item {seen[task.task_id]})",
             )
         seen[task.task_id] = index
         check_task(task, source=source, index=index)
