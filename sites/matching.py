@@ -12,12 +12,17 @@ such as "0" inside "$10.00", and WebArena-Lite's NLTK tokens give false failures
 
 - a number ("0", "778.2", "$1,000", "-5", "15%"): some number in the text has the same
   value. "0" matches "$0.00", "0." and "000"; it does not match "$10.00", "20" or "0.5".
-  "170" matches the order number "000000170".
-- one word without spaces ("a", "yes", "byteblaze", "n/a"): found with no word character
-  right before or after it, so "a" is not found in "banana" and "yes" not in "yesterday",
-  but "lgtm" is found in "LGTM!" and "byteblaze" in "@byteblaze".
+  "170" matches the order number "000000170". A reference with decimals matches a
+  number that agrees to that many decimals: "40.442" matches "40.4424191" (WebArena's
+  coordinate references are truncated that way; "-79.939" matches "-79.9397388").
+- one word without spaces ("a", "yes", "byteblaze", "n/a", "914km"): found with no word
+  character right before or after it, so "a" is not found in "banana" and "yes" not in
+  "yesterday", but "lgtm" is found in "LGTM!" and "byteblaze" in "@byteblaze".
 - a phrase with spaces: a substring, as WebArena does ("virtual meetup" is found in
-  "virtual meetups").
+  "virtual meetups"), except that a number at its start or end must not be part of a
+  longer number ("3 items" is not found in "13 items").
+
+Where a number meets a word, a space is optional on both sides ("914km" == "914 km").
 
 `exact_match` also ignores one trailing full stop on either side ("Sprite." == "sprite").
 
@@ -34,7 +39,7 @@ query and fragment must all be equal (query order aside).
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 __all__ = [
@@ -64,6 +69,8 @@ _NUMBER = re.compile(
 )
 _NUMERIC_REF = re.compile(r"^[-+]?[$€£]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?$")
 _OPERATORS = ("<=", ">=", "==", "!=", "<", ">", "=")
+# Where a number meets a word ("914km", "914 km", "3h 30min"): spacing there is free.
+_UNIT_GAP = re.compile(r"(?<=\d) ?(?=[^\W\d_])|(?<=[^\W\d_]) ?(?=\d)")
 _REQUIRED = re.compile(r"^(?P<op><=|>=|==|!=|<|>|=)?\s*(?P<num>[-+]?\d+(?:\.\d+)?)$")
 
 
@@ -105,17 +112,37 @@ def _numeric_reference(ref: str) -> Decimal | None:
     return _to_decimal(sign, integer, "." + frac if frac else None)
 
 
+def _same_number(reference: Decimal, value: Decimal) -> bool:
+    """Equal, or equal to the reference's decimals when it has some (truncated)."""
+    if value == reference:
+        return True
+    exponent = reference.as_tuple().exponent
+    if not isinstance(exponent, int) or exponent >= 0:
+        return False
+    return value.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_DOWN) == reference
+
+
+def _pattern(ref: str) -> str:
+    """The reference as a regex; a space between a number and a word is optional."""
+    return r"\s*".join(re.escape(chunk) for chunk in _UNIT_GAP.split(ref))
+
+
 def _includes_one(ref: str, text: str) -> bool:
     if not ref:
         return True
     value = _numeric_reference(ref)
     if value is not None:
-        return value in numbers(text)
-    if " " in ref:
-        return ref in text
-    before = r"(?<!\w)" if re.match(r"\w", ref[0]) else ""
-    after = r"(?!\w)" if re.match(r"\w", ref[-1]) else ""
-    return re.search(before + re.escape(ref) + after, text) is not None
+        return any(_same_number(value, found) for found in numbers(text))
+    # One word: no word character right before or after it. A phrase: a substring. A
+    # number at either end must not be part of a longer number.
+    word = " " not in _UNIT_GAP.sub("", ref)
+    before = r"(?<!\w)" if word and re.match(r"\w", ref[0]) else ""
+    after = r"(?!\w)" if word and re.match(r"\w", ref[-1]) else ""
+    if ref[0].isdigit():
+        before += r"(?<!\d)(?<!\d[.,])"
+    if ref[-1].isdigit():
+        after += r"(?![.,]?\d)"
+    return re.search(before + _pattern(ref) + after, text) is not None
 
 
 def includes(reference: str, text: str) -> bool:

@@ -73,6 +73,13 @@ def test_exact_match_quotes_case_and_trailing_stop() -> None:
         ("15%", "about 15 percent", True),
         ("2022", "on 2022-01-03", True),
         ("3", "B003FVW3VA", False),  # digits inside a SKU are not numbers
+        # A reference with decimals: agreement to its decimals (WebArena's coordinates).
+        ("40.442", "40.4424191, -79.9397388", True),
+        ("-79.939", "40.4424191, -79.9397388", True),
+        ("40.442", "40.44", False),
+        ("40.442", "40.443", False),
+        # An integer reference never matches a fraction (task 386 asks for a whole number).
+        ("3", "Around 3.1 stars", False),
     ],
 )
 def test_numeric_reference_matches_by_value(reference: str, answer: str, expected: bool) -> None:
@@ -114,6 +121,16 @@ def test_numbers_in_text() -> None:
         ("virtual meetup", "Join our Virtual Meetups tonight", True),
         ("racing cars", "racing car fans", False),
         ("Time: 3h 30min", "time:   3h 30min by car", True),
+        # A space between a number and a word is optional (task 97: "914km" vs "914 km").
+        ("914km", "It is 914 km away", True),
+        ("914 km", "It is 914km away", True),
+        ("914km", "It is 1914 km away", False),
+        ("Time: 3h 30min", "Time: 3 h 30 min", True),
+        # A number at the end of a phrase is not part of a longer number.
+        ("3 items", "13 items in the cart", False),
+        ("3 items", "4.3 items", False),
+        ("walking 1", "walking 1.5 hours", False),
+        ("walking 1", "walking 1, driving 2", True),
     ],
 )
 def test_word_and_phrase_references(reference: str, answer: str, expected: bool) -> None:
