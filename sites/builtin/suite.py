@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from msgspec import UNSET
@@ -54,6 +54,8 @@ __all__ = [
     "select",
     "step_band",
     "string_match",
+    "suite_stats",
+    "templates",
     "type_into",
     "url_match",
 ]
@@ -94,7 +96,6 @@ class Template:
     build: Callable[[World, Tenant, dict[str, str]], Built]
     ood: bool = False
     train_cap: int = 30
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- plan steps

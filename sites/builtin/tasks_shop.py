@@ -407,6 +407,7 @@ def _review_candidates(world: World, base: Tenant) -> list[dict[str, str]]:
 def _write_review(world: World, base: Tenant, p: dict[str, str]) -> Built:
     product = _product(world, base, p["product"])
     locator = "document.querySelector('#reviews li')?.outerText ?? ''"
+    stars = f"{p['stars']} star" + ("" if p["stars"] == "1" else "s")
     return Built(
         intent=f"Write a {p['stars']}-star review of {product.name} with the summary "
         f"'{p['title']}' and the text '{p['text']}'.",
@@ -417,13 +418,13 @@ def _write_review(world: World, base: Tenant, p: dict[str, str]) -> Built:
                 (
                     f"/product/{product.id}",
                     locator,
-                    {"must_include": [p["title"], p["text"], f"{p['stars']} stars"]},
+                    {"must_include": [p["title"], p["text"], stars]},
                 )
             ],
         ),
         plan=[
             *_open_product(product.name),
-            select("rating", f"{p['stars']} stars", f"Rate it {p['stars']} stars."),
+            select("rating", stars, f"Rate it {stars}."),
             type_into("title", p["title"], "Enter the summary."),
             type_into("text", p["text"], "Enter the review text.", tag="textarea"),
             button("Submit Review", "Submit the review."),

@@ -143,7 +143,6 @@ class Req:
             site=self.site,
             user=self.user,
             flash=self.tenant.flashes.pop(self.site.name, ""),
-            path=self.request.url.path,
             **context,
         )
         return HTMLResponse(html, status_code=status)

@@ -35,11 +35,11 @@ async def test_plan_solves_template(
     urls = plan_runner.sites.urls
     page, concrete = await plan_runner.start(context, task)
 
-    before = await evaluate(concrete, answer="", page=page, urls=urls)
+    before = await evaluate(concrete, answer="", page=page, urls=urls, settle_timeout_s=0)
     assert before.reward == 0.0, f"task {task.task_id} passes without doing anything"
 
     await page.goto(concrete.start_url)
     answer = await plan_runner.run(page, plan_for(task), where=f"task {task.task_id}")
-    after = await evaluate(concrete, answer=answer, page=page, urls=urls)
+    after = await evaluate(concrete, answer=answer, page=page, urls=urls, settle_timeout_s=0)
     assert after.reward == 1.0, (task.intent, answer, after.checks)
     assert not after.unjudged
