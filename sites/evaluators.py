@@ -5,7 +5,9 @@
 - string_match: the answer against each rule of `eval.reference_answers` (exact_match,
   must_include, must_exclude, one_of, required_values, fuzzy_match); rules in
   `sites.matching`.
-- url_match: the page's URL against `eval.reference_url` under `eval.url_note`.
+- url_match: the page's URL against `eval.reference_url` under `eval.url_note` ("GOLD in
+  PRED" when absent, WebArena's default; WebArena-Lite's evaluator defaults to "EXACT",
+  but its file names "GOLD in PRED" on all url_match tasks but one).
 - program_html: for each entry, go to its URL ("last": stay on the page the agent ended
   on), run its `prep_actions`, read its `locator` (a JS expression run in the page under a
   timeout; empty: the page's HTML), and check `required_contents` with the same rules.
