@@ -366,7 +366,9 @@ class VLLMPolicy:
             latency_s=round(time.monotonic() - started, 4),
         )
         return PolicyReply(
-            text=completion.text,
+            # The text of exactly these ids. The server's own text can differ only by a
+            # trailing incomplete UTF-8 character, which its streaming detokenizer holds back.
+            text=self.renderer.decode(completion.token_ids),
             prompt_token_ids=prompt,
             completion_token_ids=completion.token_ids,
             completion_logprobs=completion.logprobs,
