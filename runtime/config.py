@@ -62,11 +62,17 @@ class SitesConfig(_Section, frozen=True):
     """Where the agent acts: the built-in sites (embedded) or self-hosted WebArena."""
 
     kind: Literal["builtin", "webarena"] = "builtin"
-    # Built-in sites: listen address; port 0 picks a free port per site.
+    # Built-in sites: listen address; port 0 picks a free port per site, otherwise
+    # SHOPPING, SHOPPING_ADMIN, REDDIT, GITLAB and MAP listen on port..port+4.
     host: str = "127.0.0.1"
     port: Port = 0
     # Seed of the built-in sites' generated data and task suite.
     seed: int = 0
+    # Built-in sites: live tenants kept at most (the least recently used is evicted);
+    # seconds allowed for the servers to start listening and to shut down.
+    max_tenants: Positive = 4096
+    startup_timeout_s: PositiveFloat = 10.0
+    shutdown_timeout_s: PositiveFloat = 5.0
     # Task file (WebArena JSON list); empty means the built-in suite's split files.
     tasks: str = ""
     # WebArena: site URLs by WebArena name; environment variables of the same names
@@ -75,6 +81,18 @@ class SitesConfig(_Section, frozen=True):
     instances: tuple[WebArenaInstanceConfig, ...] = ()
     # WebArena accounts' storage states are written here.
     auth_dir: str = ".webagent/auth"
+    # Fuzzy-match judge: an OpenAI-compatible server (base URL, with or without /v1) and
+    # its model. Empty URL: fuzzy_match checks are reported unjudged, never guessed.
+    judge_url: str = ""
+    judge_model: str = ""
+    # Environment variable the CLI reads the judge's API key from (empty: no key).
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    judge_timeout_s: PositiveFloat = 60.0
+    # program_html: bounds on running one locator script and on loading a checked URL,
+    # and how long to wait for the network to go idle after loading it (0: no wait).
+    locator_timeout_s: PositiveFloat = 5.0
+    eval_navigation_timeout_s: PositiveFloat = 15.0
+    eval_settle_timeout_s: NonNegativeFloat = 3.0
 
 
 class BrowserConfig(_Section, frozen=True):
@@ -90,6 +108,10 @@ class BrowserConfig(_Section, frozen=True):
     viewport_width: Positive = 1280
     viewport_height: Positive = 1080
     extra_args: tuple[str, ...] = ()
+    # How long the DSL's Wait action waits.
+    wait_action_s: NonNegativeFloat = 1.0
+    # Bound on closing an episode's context (shielded from cancellation).
+    close_timeout_s: PositiveFloat = 5.0
 
 
 class ObservationConfig(_Section, frozen=True):
@@ -99,6 +121,8 @@ class ObservationConfig(_Section, frozen=True):
     style: Literal["html", "compact"] = "html"
     max_tokens: Positive = 2048
     max_text_chars: Positive = 80
+    # Show the page's URL above it (off for models that cannot use it).
+    show_url: bool = True
     attributes: tuple[str, ...] = (
         "type",
         "name",
@@ -130,6 +154,9 @@ class PolicyConfig(_Section, frozen=True):
     max_cpu_loras: Positive = 8
     max_lora_rank: Positive = 8
     max_logprobs: Positive = 5
+    # Logprobs of the sampling distribution (after temperature/top_p), what the learner's
+    # importance ratio needs; "raw_logprobs" is the model's output before them.
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
     kv_cache_gib: PositiveFloat = 1.0
     gpu_memory_utilization: Fraction = 0.85
     startup_timeout_s: PositiveFloat = 300.0
@@ -160,6 +187,10 @@ class SchedulerConfig(_Section, frozen=True):
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
     seed: int = 0
+    # Bounds on one policy call and on a task's evaluators (the episode ends with
+    # error:policy / error:evaluation past them).
+    policy_timeout_s: PositiveFloat = 300.0
+    eval_timeout_s: PositiveFloat = 60.0
 
 
 class LearnerConfig(_Section, frozen=True):
@@ -167,7 +198,8 @@ class LearnerConfig(_Section, frozen=True):
 
     enabled: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    learning_rate: PositiveFloat = 1e-4
+    # 0 freezes the adapter (a control run: updates, publishing and checkpoints still run).
+    learning_rate: NonNegativeFloat = 1e-4
     weight_decay: NonNegativeFloat = 0.0
     warmup_steps: NonNegative = 0
     schedule: Literal["constant", "cosine"] = "constant"
@@ -196,6 +228,10 @@ class LearnerConfig(_Section, frozen=True):
         "down_proj",
     )
     seed: int = 0
+    # torch intra-op threads of the learner (0: torch's default).
+    torch_threads: NonNegative = 0
+    # Complete checkpoints kept on disk (the newest ones).
+    keep_checkpoints: Positive = 2
 
 
 class BCConfig(_Section, frozen=True):
@@ -212,6 +248,18 @@ class BCConfig(_Section, frozen=True):
     # Full fine-tuning for tiny models, LoRA for large ones; "auto" decides by size.
     mode: Literal["auto", "full", "lora"] = "auto"
     seed: int = 0
+    # Stop early once held-out per-step action accuracy reaches this (0 disables).
+    target_accuracy: Fraction = 0.0
+    # Share of the demonstrations' tasks held out for accuracy when no held-out file is given.
+    heldout_fraction: Fraction = 0.1
+    # Held-out (and train) turns scored at each evaluation (a fixed, seeded subset).
+    eval_examples: Positive = 256
+    micro_batch_tokens: Positive = 8192
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat = 1.0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Models up to this many parameters are fully fine-tuned in mode "auto"; larger: LoRA.
+    full_max_params: Positive = 100_000_000
 
 
 class DaemonConfig(_Section, frozen=True):
