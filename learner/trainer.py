@@ -239,6 +239,7 @@ class Learner:
         set_aside = self._set_aside
         stale, zero = len(set_aside.stale), len(set_aside.zero_variance)
         started = time.perf_counter()
+        log.debug("learner.update_started", version=self.version, groups=len(batch))
         self._updating = True
         try:
             result: UpdateResult = await self._in_thread(

@@ -31,7 +31,6 @@ CONFIG = LearnerConfig(
     lora_alpha=8,
     learning_rate=1e-2,
     micro_batch_tokens=64,
-    torch_threads=1,
 )
 
 
