@@ -45,6 +45,7 @@ __all__ = [
     "StoreError",
     "UsageError",
     "WebAgentError",
+    "is_closed",
     "playwright_errors",
 ]
 
@@ -103,6 +104,12 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def is_closed(exc: BaseException) -> bool:
+    """Is this Playwright error about a closed (or crashed) page, context or browser?"""
+    message = _first_line(exc)
+    return type(exc).__name__ == "TargetClosedError" or any(s in message for s in _CLOSED)
+
+
 @contextmanager
 def playwright_errors(what: str, *, action: bool = False) -> Iterator[None]:
     """Convert Playwright's exceptions raised inside into the runtime's own.
@@ -119,7 +126,7 @@ def playwright_errors(what: str, *, action: bool = False) -> Iterator[None]:
         raise BrowserError(f"{what}: timed out") from exc
     except PlaywrightError as exc:
         message = _first_line(exc)
-        if type(exc).__name__ == "TargetClosedError" or any(s in message for s in _CLOSED):
+        if is_closed(exc):
             raise BrowserError(f"{what}: {message}") from exc
         if action:
             raise ActionError(f"{what}: {_for_model(message)}") from exc

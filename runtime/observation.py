@@ -25,6 +25,7 @@ and so keeps the budget; with a small local vocabulary pass the real tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Callable, Sequence
@@ -36,10 +37,11 @@ from typing import Any, Final
 
 import anyio
 import msgspec
+from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
 from runtime.config import ObservationConfig
-from runtime.errors import ObservationError, playwright_errors
+from runtime.errors import BrowserError, ObservationError, is_closed
 
 __all__ = [
     "ID_ATTRIBUTE",
@@ -78,6 +80,15 @@ def estimate_tokens(text: str) -> int:
 def observe_script() -> str:
     """The JavaScript function injected into pages (runtime/observe.js)."""
     return files("runtime").joinpath("observe.js").read_text(encoding="utf-8")
+
+
+_ATTEMPTS = 3
+_NAVIGATED = ("Execution context was destroyed", "Cannot find context", "navigat")
+
+
+def _navigated(exc: PlaywrightError) -> bool:
+    """Did a navigation interrupt the script (rather than the browser failing)?"""
+    return any(marker in str(exc) for marker in _NAVIGATED)
 
 
 @cache
@@ -140,8 +151,19 @@ async def snapshot(page: Page, config: ObservationConfig, *, timeout_s: float) -
     }
     payload: str | None = None
     with anyio.move_on_after(timeout_s):
-        with playwright_errors("observe the page"):
-            payload = await page.evaluate(_wrapped_script(), args)
+        # A navigation that commits while the script runs destroys its context: wait
+        # for the new page to load and observe that one instead.
+        for attempt in range(_ATTEMPTS):
+            try:
+                payload = await page.evaluate(_wrapped_script(), args)
+                break
+            except PlaywrightError as exc:
+                if is_closed(exc):
+                    raise BrowserError(f"observe the page: {exc}") from exc
+                if attempt + 1 == _ATTEMPTS or not _navigated(exc):
+                    raise ObservationError(f"the page could not be observed: {exc}") from exc
+                with contextlib.suppress(PlaywrightError):
+                    await page.wait_for_load_state("load")
     if payload is None:
         raise ObservationError(f"the page did not answer within {timeout_s:g} s")
     raw: dict[str, Any] = msgspec.json.decode(payload)

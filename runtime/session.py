@@ -30,6 +30,7 @@ import structlog
 from playwright.async_api import BrowserContext, Dialog, Download, Page, Request, Route
 from playwright.async_api import Error as PlaywrightError
 
+from runtime.actions import format_action
 from runtime.config import BrowserConfig, ObservationConfig
 from runtime.errors import (
     ActionError,
@@ -68,7 +69,7 @@ _CHECK: Final = """(a) => {
   const target = form === null ? "" : el.getAttribute("formtarget") || form.getAttribute("target");
   const tab = (link !== null && other(link.getAttribute("target"))) || (submits && other(target));
   const r = el.getBoundingClientRect();
-  return [fp, tab, !(r.width > 0 && r.height > 0)];
+  return [fp, tab, !(r.width > 0 && r.height > 0), el.disabled === true];
 }"""
 
 _SCROLL: Final = (
@@ -289,28 +290,33 @@ class BrowserSession:
         """Carry out `action` on the current tab; raises ActionError for the model."""
         self._check_alive()
         limit = timeout_s or self.config.action_timeout_s
-        ms = limit * 1000
         # The outer scope also bounds calls that have no Playwright timeout of their own.
-        with anyio.fail_after(limit + self.config.navigation_timeout_s + 5):
-            match action.kind:
-                case "go_backward" | "go_forward":
-                    page = self.page
-                    before = page.url
-                    with playwright_errors(action.kind.replace("_", " "), action=True):
-                        if action.kind == "go_backward":
-                            response = await page.go_back(timeout=self._nav_ms())
-                        else:
-                            response = await page.go_forward(timeout=self._nav_ms())
-                    if response is None and page.url == before:
-                        where = "earlier" if action.kind == "go_backward" else "later"
-                        raise ActionError(f"there is no {where} page in this tab's history")
-                case "exit":
-                    return
-                case "do":
-                    await self._do(action, ms)
-                case _:
-                    raise ActionError(f"unknown action kind {action.kind}")
+        bound = limit + 2 * self.config.navigation_timeout_s + self.config.observation_timeout_s
+        with anyio.move_on_after(bound) as scope:
+            await self._execute(action, limit * 1000)
+        if scope.cancelled_caught:
+            raise ActionError(f"{format_action(action)} did not finish within {bound:g} s")
         await self._police_tabs()
+
+    async def _execute(self, action: Action, ms: float) -> None:
+        match action.kind:
+            case "go_backward" | "go_forward":
+                page = self.page
+                before = page.url
+                with playwright_errors(action.kind.replace("_", " "), action=True):
+                    if action.kind == "go_backward":
+                        response = await page.go_back(timeout=self._nav_ms())
+                    else:
+                        response = await page.go_forward(timeout=self._nav_ms())
+                if response is None and page.url == before:
+                    where = "earlier" if action.kind == "go_backward" else "later"
+                    raise ActionError(f"there is no {where} page in this tab's history")
+            case "exit":
+                return
+            case "do":
+                await self._do(action, ms)
+            case _:
+                raise ActionError(f"unknown action kind {action.kind}")
 
     async def _do(self, action: Action, ms: float) -> None:
         name = action.name
@@ -323,7 +329,7 @@ class BrowserSession:
                 # form submission starts; page.keyboard would not.
                 focused = page.locator("*:focus")
                 if await focused.count():
-                    await focused.last.press("Enter", timeout=ms)
+                    await focused.last.press("Enter", timeout=ms + self._nav_ms())
                 else:
                     await page.keyboard.press("Enter")
         elif name == "Wait":
@@ -352,17 +358,20 @@ class BrowserSession:
             raise ElementNotFound(f"there is no element {element_id} in the current page view")
         page = self.page
         with anyio.move_on_after(self.config.observation_timeout_s) as scope:
-            with playwright_errors(f"{name} on element {element_id}"):
+            # A page that navigates meanwhile is an error for the model, not a dead browser.
+            with playwright_errors(f"{name} on element {element_id}", action=True):
                 current = await page.evaluate(_CHECK, {"id": element_id, "attr": ID_ATTRIBUTE})
         if scope.cancelled_caught:
             raise ActionError(f"the page did not answer while looking up element {element_id}")
         if current is None:
             raise ElementNotFound(f"element {element_id} is not on the page any more")
-        fingerprint, opens_tab, boxless = current
+        fingerprint, opens_tab, boxless, disabled = current
         if observed.fingerprint and fingerprint != observed.fingerprint:
             raise ElementNotFound(
                 f"element {element_id} changed since the page was shown; look at the page again"
             )
+        if disabled and name in ("Click", "Type", "Search", "Select Dropdown Option"):
+            raise ActionError(f"element {element_id} is disabled")
         locator = page.locator(f'[{ID_ATTRIBUTE}="{element_id}"]')
         what = f"{name} on element {element_id}"
         with playwright_errors(what, action=True):
@@ -373,7 +382,9 @@ class BrowserSession:
                         # A styled checkbox hidden behind its label: click it as a label would.
                         await locator.dispatch_event("click", timeout=ms)
                     else:
-                        await locator.click(timeout=ms)
+                        # Playwright's click also waits for a navigation it starts to
+                        # commit: give that the navigation timeout on top.
+                        await locator.click(timeout=ms + self._nav_ms())
                     if opens_tab:
                         # The new tab's page event comes after the click returns.
                         with anyio.move_on_after(self.config.navigation_timeout_s):
@@ -386,7 +397,7 @@ class BrowserSession:
                     await locator.fill(action.argument or "", timeout=ms)
                 case "Search":
                     await locator.fill(action.argument or "", timeout=ms)
-                    await locator.press("Enter", timeout=ms)
+                    await locator.press("Enter", timeout=ms + self._nav_ms())
                 case "Select Dropdown Option":
                     index = _option_index(
                         observed.tag, observed.options, action.argument or "", element_id
@@ -473,7 +484,7 @@ class BrowserSession:
             ):
                 continue
             self.notices.append(f"the page {_short(url)} is not allowed and was closed")
-            with playwright_errors("close a tab that left the allowlist"):
+            with playwright_errors("close a tab that left the allowlist", action=True):
                 if len(self.pages) > 1:
                     await page.close()
                 else:
@@ -491,7 +502,7 @@ class BrowserSession:
                 return
         if not page.url.startswith("chrome-error://"):
             return
-        with playwright_errors("go back from a blocked navigation"):
+        with playwright_errors("go back from a blocked navigation", action=True):
             response = await page.go_back(timeout=self._nav_ms())
             if response is None and page.url.startswith("chrome-error://"):
                 if len(self.pages) > 1:

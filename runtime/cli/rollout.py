@@ -28,6 +28,9 @@ from runtime.summary import format_summary, summarize
 
 __all__ = ["add_run_arguments", "register"]
 
+# The built-in suite's splits (sites.builtin.generate_suite).
+_SPLITS = ("train", "test", "ood")
+
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, split: str, group_size: int) -> None:
     """Arguments shared by `rollout` and `demos`."""
@@ -73,6 +76,10 @@ def checked_config(args: argparse.Namespace) -> Config:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if args.split not in _SPLITS:
+        raise UsageError(
+            f"no split {args.split!r} in the built-in suite (splits: train, test, ood)"
+        )
     if config.sites.kind != "builtin":
         raise UsageError('this command runs the built-in suite; set sites.kind = "builtin"')
     if args.seed is not None:

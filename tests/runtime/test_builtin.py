@@ -1,0 +1,71 @@
+"""The oracle on the built-in suite through real Chromium, and isolation between tenants."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runtime.browser import BrowserPool
+from runtime.config import Config, SitesConfig
+from runtime.environment import BuiltinEnvironment, serve_builtin_environment
+from runtime.messages import TaskConfig
+from runtime.oracle import OraclePolicy
+from runtime.runner import run_tasks
+
+pytestmark = [pytest.mark.anyio, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+async def environment(anyio_backend: str) -> AsyncIterator[BuiltinEnvironment]:
+    async with serve_builtin_environment(SitesConfig()) as env:
+        yield env
+
+
+def _one_per_site(tasks: list[TaskConfig]) -> list[TaskConfig]:
+    seen: dict[str, TaskConfig] = {}
+    for task in tasks:
+        seen.setdefault(task.sites[0], task)
+    return list(seen.values())
+
+
+@pytest.mark.slow
+async def test_oracle_solves_tasks_of_every_site_in_groups_of_8(
+    environment: BuiltinEnvironment, pool: BrowserPool
+) -> None:
+    tasks = _one_per_site(environment.tasks("test")) + _one_per_site(environment.tasks("ood"))
+    assert len(tasks) == 10
+    result = await run_tasks(
+        Config(), environment, OraclePolicy(), tasks, group_size=8, concurrency=32, pool=pool
+    )
+    assert len(result.groups) == 10
+    failures = [
+        (t.task_id, t.status, t.answer, t.evaluation)
+        for g in result.groups
+        for t in g.trajectories
+        if t.reward != 1.0
+    ]
+    assert failures == []
+    assert all(len(g.trajectories) == 8 for g in result.groups)
+
+
+async def test_a_state_changing_task_succeeds_8_times_in_one_group(
+    environment: BuiltinEnvironment, pool: BrowserPool
+) -> None:
+    writes = [
+        t
+        for t in environment.tasks("test")
+        if t.require_reset is True and "program_html" in t.eval.eval_types
+    ]
+    task = writes[0]
+    before = environment.sites.statistics()
+    result = await run_tasks(
+        Config(), environment, OraclePolicy(), [task], group_size=8, concurrency=8, pool=pool
+    )
+    [group] = result.groups
+    assert [t.reward for t in group.trajectories] == [1.0] * 8
+    # Each episode wrote to its own tenant, and every tenant was dropped afterwards.
+    after = environment.sites.statistics()
+    assert after["tenants_created"] - before["tenants_created"] == 8
+    assert after["tenants_alive"] == before["tenants_alive"]
+    assert after["tenant_rows_written"] >= before["tenant_rows_written"]
