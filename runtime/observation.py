@@ -328,7 +328,8 @@ class _Writer:
         return f"{open_tag}{text}</{tag}>"
 
     def text(self, raw: str) -> str:
-        return _escape(_clip(raw, self.config.max_text_chars, keep_edges=True))
+        clipped = _clip(raw, self.config.max_text_chars, keep_edges=True)
+        return clipped if self.compact else _escape(clipped)
 
     def _open(self, tag: str, node: Any, *, element_id: int | None = None) -> str:
         parts = [tag]
@@ -363,7 +364,9 @@ _PREFIX: Final = {
 }
 
 _KIND: Final = {"a": "link", "button": "button", "select": "select", "textarea": "textarea"}
-_COMPACT_LABEL: Final = ("aria-label", "placeholder", "title", "name", "alt")
+_COMPACT_LABEL: Final = ("aria-label", "title", "alt", "name")
+_COMPACT_HINT: Final = ("placeholder", "aria-label", "title")
+_FIELD_KINDS: Final = frozenset({"input", "select", "textarea", "checkbox", "radio"})
 
 
 def _compact_interactive(
@@ -375,26 +378,39 @@ def _compact_interactive(
     options: tuple[str, ...],
     selected: list[int],
 ) -> str:
+    """`link Electronics [3]`; form fields: `input q "Search" = "shoes" [5]` (kind, name,
+    hint (placeholder, aria-label or title), current value)."""
     kind = _KIND.get(tag)
     if tag == "input":
         input_type = attrs.get("type", "text").lower()
         kind = input_type if input_type in ("checkbox", "radio", "submit", "button") else "input"
     if kind is None:
         kind = attrs.get("role") or tag
-    label = text or next((attrs[name] for name in _COMPACT_LABEL if attrs.get(name)), "")
-    if tag == "input" and kind in ("submit", "button") and not label:
+    if kind in _FIELD_KINDS:
+        parts = [kind]
+        if attrs.get("name"):
+            parts.append("".join(attrs["name"].split()))
+        hint = next((attrs[n] for n in _COMPACT_HINT if attrs.get(n)), "")
+        if hint:
+            parts.append(f'"{_unquote(hint)}"')
+        value = text if tag == "textarea" else attrs.get("value", "")
+        if value and kind not in ("checkbox", "radio"):
+            parts.append(f'= "{_unquote(value)}"')
+        if "checked" in attrs:
+            parts.append("(checked)")
+        out = " ".join(parts)
+        if tag == "select":
+            shown = [f"{o} (selected)" if i in selected else o for i, o in enumerate(options)]
+            return f"{out} [{element_id}]: {' | '.join(shown)}"
+        return f"{out} [{element_id}]"
+    label = text or next((attrs[n] for n in _COMPACT_LABEL if attrs.get(n)), "")
+    if tag == "input" and not label:
         label = attrs.get("value", "")
-    out = f"{kind} {label}".rstrip()
-    if tag == "input" and kind not in ("submit", "button", "checkbox", "radio"):
-        value = attrs.get("value")
-        if value:
-            out += f' = "{value}"'
-    if "checked" in attrs:
-        out += " (checked)"
-    if tag == "select":
-        shown = [f"{o} (selected)" if i in selected else o for i, o in enumerate(options)]
-        return f"{out} [{element_id}]: {' | '.join(shown)}"
-    return f"{out} [{element_id}]"
+    return f"{kind} {label} [{element_id}]" if label else f"{kind} [{element_id}]"
+
+
+def _unquote(text: str) -> str:
+    return text.replace('"', "'")
 
 
 def _clip(text: str, limit: int, *, keep_edges: bool = False) -> str:
@@ -570,7 +586,10 @@ def parse_elements(text: str, style: str = "html") -> list[Element]:
 _COMPACT_ELEMENT: Final = re.compile(
     r"^(?P<kind>[A-Za-z][\w-]*)(?: (?P<body>.*?))? \[(?P<id>\d+)\](?:: (?P<opts>.*))?$"
 )
-_COMPACT_VALUE: Final = re.compile(r' = "(?P<value>.*)"$')
+_COMPACT_FIELD: Final = re.compile(
+    r'^(?P<name>[^\s"]+)?\s*(?:"(?P<hint>[^"]*)")?\s*(?:= "(?P<value>[^"]*)")?\s*'
+    r"(?P<checked>\(checked\))?$"
+)
 _TAG_OF_KIND: Final = {"link": "a", "checkbox": "input", "radio": "input", "submit": "input"}
 
 
@@ -583,22 +602,23 @@ def _parse_compact(text: str) -> list[Element]:
         kind = match["kind"]
         body = (match["body"] or "").strip()
         attrs = {"kind": kind}
-        if body.endswith(" (checked)") or body == "(checked)":
-            body = body.removesuffix("(checked)").strip()
-            attrs["checked"] = ""
-        value = _COMPACT_VALUE.search(body)
-        if value is not None:
-            attrs["value"] = value["value"]
-            body = body[: value.start()].strip()
-        attrs["label"] = body
         options: tuple[str, ...] = ()
         if match["opts"] is not None:
             options = tuple(o.removesuffix(" (selected)") for o in match["opts"].split(" | "))
+        field = _COMPACT_FIELD.match(body) if kind in _FIELD_KINDS else None
+        if field is not None:
+            for name in ("name", "value"):
+                if field[name] is not None:
+                    attrs[name] = field[name]
+            if field["checked"]:
+                attrs["checked"] = ""
+            body = field["hint"] or ""
+        attrs["label"] = body
         found.append(
             Element(
                 id=int(match["id"]),
                 tag=_TAG_OF_KIND.get(kind, kind),
-                text=body,
+                text=attrs.get("value", body) if kind == "textarea" else body,
                 attrs=attrs,
                 options=options,
             )

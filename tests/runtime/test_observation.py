@@ -270,7 +270,7 @@ def test_compact_style_puts_text_before_the_id() -> None:
         "Title: T",
         "## Cart",
         "link Electronics [1]",
-        'input Search products = "shoes" [2]',
+        'input q "Search products" = "shoes" [2]',
         "select size [3]: S | M (selected)",
         "| A | $3",
     ]
