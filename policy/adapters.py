@@ -24,7 +24,7 @@ import hashlib
 import statistics as stats
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from policy.errors import AdapterError, AdapterManifestError, AdapterSwapError, PolicyError
-from runtime.messages import AdapterManifest
+from runtime.messages import AdapterManifest, AdapterSwapped, Event
 
 __all__ = [
     "MANIFEST_FILE",
@@ -162,6 +162,7 @@ class AdapterManager:
         staleness_window: int = 1,
         max_loras: int = 4,
         timeout_s: float | None = None,
+        on_event: Callable[[Event], None] | None = None,
     ) -> None:
         if staleness_window < 0:
             raise ValueError("staleness_window must be >= 0")
@@ -170,6 +171,7 @@ class AdapterManager:
         self.staleness_window = staleness_window
         self.max_loras = max_loras
         self.timeout_s = timeout_s
+        self.on_event = on_event
         self._resident: dict[int, _Resident] = {}
         self._current: int | None = None
         self._lock = anyio.Lock()
@@ -261,6 +263,10 @@ class AdapterManager:
                 max_loras=self.max_loras,
                 hint="--max-loras must exceed the adapters resident at once",
             )
+        if self.on_event is not None:
+            self.on_event(
+                AdapterSwapped(at=time.time(), name=name, previous=previous, latency_s=latency)
+            )
         _log.info(
             "adapter.swapped",
             adapter=name,
@@ -278,7 +284,8 @@ class AdapterManager:
         )
 
     async def restore(self) -> list[str]:
-        """Load every resident version the server lacks (after a server restart)."""
+        """Load every resident version the server lacks (after a server restart);
+        returns their names."""
         async with self._lock:
             served = await self._server.models(timeout_s=self.timeout_s)
             missing = [r for r in self._resident.values() if r.name not in served]

@@ -22,7 +22,7 @@ import httpx
 import msgspec
 import structlog
 
-from policy.adapters import AdapterManager
+from policy.adapters import AdapterLease, AdapterManager
 from policy.errors import (
     BadRequestError,
     BadResponseError,
@@ -332,7 +332,11 @@ class VLLMPolicy:
         self._failed = 0
 
     async def act(self, request: PolicyRequest) -> PolicyReply:
-        """One turn: render `request.messages`, sample with the current adapter."""
+        """One turn: render `request.messages`, sample with the current adapter.
+
+        A 404 from the server (it restarted and lost the adapters) makes the adapter
+        manager load them again, and the turn is retried once.
+        """
         prompt = self.renderer.render(request.messages)
         room = self.max_model_len - len(prompt)
         if room < 1:
@@ -343,10 +347,13 @@ class VLLMPolicy:
         started = time.monotonic()
         try:
             async with self._limiter:
-                with self.adapters.lease() as lease:
-                    completion = await self.client.complete(
-                        prompt, model=lease.name, sampling=sampling, timeout_s=self.timeout_s
-                    )
+                try:
+                    lease, completion = await self._complete(prompt, sampling)
+                except BadRequestError as exc:
+                    if exc.status != 404 or not await self.adapters.restore():
+                        raise
+                    # The server lost our adapters (it restarted): they are back, retry.
+                    lease, completion = await self._complete(prompt, sampling)
             if completion.prompt_token_ids != prompt:
                 raise BadResponseError(
                     "/v1/completions: the server's prompt ids differ from the ids sent"
@@ -376,6 +383,15 @@ class VLLMPolicy:
             adapter_version=lease.version,
             finish_reason=completion.finish_reason,
         )
+
+    async def _complete(
+        self, prompt: list[int], sampling: SamplingParams
+    ) -> tuple[AdapterLease, Completion]:
+        with self.adapters.lease() as lease:
+            completion = await self.client.complete(
+                prompt, model=lease.name, sampling=sampling, timeout_s=self.timeout_s
+            )
+        return lease, completion
 
     def statistics(self) -> PolicyStatistics:
         stats = self._limiter.statistics()

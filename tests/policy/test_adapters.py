@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -20,9 +21,17 @@ from policy.adapters import (
     read_manifest,
     weights_sha256,
 )
-from policy.client import CompletionClient
+from policy.client import CompletionClient, VLLMPolicy
 from policy.errors import AdapterError, AdapterManifestError, AdapterSwapError
-from runtime.messages import AdapterManifest
+from policy.prompt import PromptRenderer
+from runtime.messages import (
+    AdapterManifest,
+    AdapterSwapped,
+    ChatMessage,
+    Event,
+    PolicyRequest,
+    TaskConfig,
+)
 
 
 def _adapter(root: Path, version: int, *, weights: bytes = b"", manifest: bool = True) -> Path:
@@ -64,6 +73,18 @@ class _FakeAdapterApi:
                 return httpx.Response(400, json={"error": {"message": "already loaded"}})
             self.loaded[body["lora_name"]] = body["lora_path"]
             return httpx.Response(200, text="Success")
+        if path == "/v1/completions":
+            if body["model"] not in self.loaded:
+                message = f"The model `{body['model']}` does not exist."
+                return httpx.Response(404, json={"error": {"message": message}})
+            choice = {
+                "text": "x",
+                "token_ids": [7],
+                "prompt_token_ids": body["prompt"],
+                "logprobs": {"token_logprobs": [-0.1]},
+                "finish_reason": "length",
+            }
+            return httpx.Response(200, json={"model": body["model"], "choices": [choice]})
         if path == "/v1/unload_lora_adapter":
             self.calls.append(f"unload {body['lora_name']}")
             if self.fail_unloads:
@@ -74,10 +95,12 @@ class _FakeAdapterApi:
         return httpx.Response(404)
 
 
-def _manager(api: _FakeAdapterApi, window: int = 1) -> AdapterManager:
+def _manager(
+    api: _FakeAdapterApi, window: int = 1, on_event: Callable[[Event], None] | None = None
+) -> AdapterManager:
     http = httpx.AsyncClient(transport=httpx.MockTransport(api))
     client = CompletionClient(http, "http://vllm.test", max_retries=0)
-    return AdapterManager(client, staleness_window=window)
+    return AdapterManager(client, staleness_window=window, on_event=on_event)
 
 
 # ------------------------------------------------------------------ manifests
@@ -120,7 +143,8 @@ def test_bad_manifest_names_the_problem(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_publish_routes_and_unloads_outside_the_window(tmp_path: Path) -> None:
     api = _FakeAdapterApi()
-    async with _manager(api, window=1) as manager:
+    events: list[Event] = []
+    async with _manager(api, window=1, on_event=events.append) as manager:
         with pytest.raises(AdapterError, match="publish v0"), manager.lease():
             pass
         first = await manager.publish(_adapter(tmp_path, 0))
@@ -138,6 +162,11 @@ async def test_publish_routes_and_unloads_outside_the_window(tmp_path: Path) -> 
         assert stats.resident == ["policy@v1", "policy@v2"]
         assert stats.swaps == 3
         assert stats.swap_latency_max_s >= stats.swap_latency_median_s > 0
+    assert [(e.name, e.previous) for e in events if isinstance(e, AdapterSwapped)] == [
+        ("policy@v0", ""),
+        ("policy@v1", "policy@v0"),
+        ("policy@v2", "policy@v1"),
+    ]
 
 
 @pytest.mark.anyio
@@ -210,3 +239,23 @@ async def test_a_failed_unload_is_retried_by_the_next_publish(tmp_path: Path) ->
         swap = await manager.publish(_adapter(tmp_path, 2))
         assert swap.unloaded == ["policy@v0", "policy@v1"]
         assert sorted(api.loaded) == ["policy@v2"]
+
+
+@pytest.mark.anyio
+async def test_policy_reloads_adapters_a_restarted_server_lost(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    api = _FakeAdapterApi()
+    async with _manager(api) as manager:
+        await manager.publish(_adapter(tmp_path, 0))
+        policy = VLLMPolicy(manager._server, PromptRenderer.from_model(tiny_model), manager)  # type: ignore[arg-type]
+        task = TaskConfig(task_id=1, intent="t", start_url="http://x/")
+        request = PolicyRequest(
+            episode_id="e", turn=0, task=task, messages=[ChatMessage(role="user", content="hi")]
+        )
+        api.loaded.clear()  # the server restarted
+        reply = await policy.act(request)
+        assert reply.adapter == "policy@v0"
+        assert reply.completion_token_ids == [7]
+        assert list(api.loaded) == ["policy@v0"]
+        assert api.calls == ["load policy@v0", "load policy@v0"]
