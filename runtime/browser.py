@@ -8,7 +8,8 @@ The real binaries are launched, not the wrapper scripts on the PATH.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from playwright.async_api import Error as PlaywrightError
 
 from runtime.config import BrowserConfig
 from runtime.errors import BrowserError, playwright_errors
+from runtime.messages import Event, Fault
 from runtime.session import Allowlist, BrowserSession
 
 __all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
@@ -84,8 +86,11 @@ class BrowserPool:
     Playwright object (~0.8 s here) and later episodes run.
     """
 
-    def __init__(self, config: BrowserConfig) -> None:
+    def __init__(
+        self, config: BrowserConfig, *, on_event: Callable[[Event], None] | None = None
+    ) -> None:
         self.config = config
+        self.on_event = on_event
         self._limiter = anyio.CapacityLimiter(config.max_contexts)
         self._launch_lock = anyio.Lock()
         self._playwright: Playwright | None = None
@@ -154,6 +159,15 @@ class BrowserPool:
         if browser is self._browser:
             self._crashes += 1
             log.warning("browser.disconnected", crashes=self._crashes)
+            if self.on_event is not None:
+                self.on_event(
+                    Fault(
+                        at=time.time(),
+                        kind="browser",
+                        message="Chromium disconnected; it is relaunched for the next episode",
+                        where="runtime.browser",
+                    )
+                )
 
     @asynccontextmanager
     async def session(

@@ -144,7 +144,9 @@ class Episode:
     """One task in one browser session, driven by one policy.
 
     `run()` returns the `Trajectory` whatever happens; `interrupt()` (from another task)
-    ends it with status `interrupted`, keeping the turns taken so far.
+    ends it with status `interrupted`, keeping the turns taken so far. `on_turn` sees
+    each recorded turn as it happens (the agent endpoint streams them); `evaluate` None
+    runs without a reward (an agent run that carries no evaluation).
     """
 
     def __init__(
@@ -157,12 +159,14 @@ class Episode:
         urls: Mapping[str, str],
         session: BrowserSession,
         policy: Policy,
-        evaluate: Evaluator,
+        evaluate: Evaluator | None,
         settings: EpisodeSettings,
         count_tokens: TokenCounter = estimate_tokens,
         on_event: Callable[[Event], None] | None = None,
+        on_turn: Callable[[Turn], None] | None = None,
         gate: Gate | None = None,
     ) -> None:
+        self.on_turn = on_turn
         self.gate = gate if gate is not None else Gate()
         self.episode_id = episode_id
         self.group_id = group_id
@@ -207,7 +211,7 @@ class Episode:
             if self._scope.cancelled_caught:
                 self.status = "interrupted"
             evaluation: Evaluation | None = None
-            if self.status in EVALUATED:
+            if self.status in EVALUATED and self.evaluate is not None:
                 evaluation = await self._evaluate()
             trajectory = Trajectory(
                 episode_id=self.episode_id,
@@ -315,6 +319,8 @@ class Episode:
                         timings=TurnTimings(observe_s=t1 - t0, policy_s=t2 - t1, act_s=t3 - t2),
                     )
                 )
+                if self.on_turn is not None:
+                    self.on_turn(self.turns[-1])
                 self._emit(
                     TurnTaken(
                         at=time.time(),
@@ -361,6 +367,8 @@ class Episode:
             raise _PolicyFailed(str(exc)) from exc
 
     async def _evaluate(self) -> Evaluation | None:
+        if self.evaluate is None:
+            return None
         try:
             page = self.session.page
             with anyio.fail_after(self.settings.eval_timeout_s):

@@ -24,6 +24,7 @@ from runtime.messages import (
     ReferenceAnswers,
     TaskConfig,
     Trajectory,
+    Turn,
     TurnTaken,
 )
 from runtime.oracle import OraclePolicy
@@ -112,6 +113,8 @@ async def _run(
     gate: Gate | None = None,
     started: Callable[[Episode], None] | None = None,
     on_event: Callable[[Event], None] | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
+    evaluated: bool = True,
 ) -> Trajectory:
     environment = _environment(web)
     async with environment.episode(task) as setup, pool.session(allowed=setup.allowed) as session:
@@ -123,10 +126,11 @@ async def _run(
             urls=setup.urls,
             session=session,
             policy=policy,
-            evaluate=environment.evaluate,
+            evaluate=environment.evaluate if evaluated else None,
             settings=settings or EpisodeSettings(max_turns=8),
             gate=gate,
             on_event=on_event,
+            on_turn=on_turn,
         )
         if started is not None:
             started(episode)
@@ -249,6 +253,14 @@ async def test_a_closed_gate_holds_turns_and_interrupt_keeps_them(
     assert result[0].status == "interrupted"
     assert len(result[0].turns) >= 2
     assert result[0].evaluation is None
+
+
+async def test_an_unevaluated_run_reports_turns_as_they_happen(pool: BrowserPool, web: Any) -> None:
+    seen: list[Turn] = []
+    policy = OraclePolicy(lambda task: FORM_PLAN)
+    trajectory = await _run(pool, web, policy, on_turn=seen.append, evaluated=False)
+    assert (trajectory.status, trajectory.evaluation, trajectory.reward) == ("exited", None, 0.0)
+    assert seen == trajectory.turns and len(seen) == 4
 
 
 def test_observation_settings_come_from_the_config() -> None:

@@ -21,6 +21,7 @@ from runtime.messages import (
     EpisodeStarted,
     EvalSpec,
     Event,
+    Fault,
     OracleStep,
     PolicyReply,
     PolicyRequest,
@@ -197,7 +198,8 @@ async def test_killing_chromium_loses_no_group_and_the_run_goes_on(
     config = BrowserConfig(extra_args=(marker,), wait_action_s=0.5, action_timeout_s=3.0)
     store_file = tmp_path / "trajectories.jsonl"
     groups: list[TrajectoryGroup] = []
-    async with BrowserPool(config) as pool:
+    faults: list[Event] = []
+    async with BrowserPool(config, on_event=faults.append) as pool:
         rollout = _rollout(pool, web, _oracle())
         send, receive = anyio.create_memory_object_stream[TrajectoryGroup](1)
         scheduler = Scheduler(
@@ -220,6 +222,7 @@ async def test_killing_chromium_loses_no_group_and_the_run_goes_on(
                         os.kill(_chromium_pid(marker), signal.SIGKILL)
         stats = pool.statistics()
     assert (stats.launches, stats.crashes) == (2, 1)
+    assert [f.kind for f in faults if isinstance(f, Fault)] == ["browser"]
     assert len(groups) == 4
     assert all(len(g.trajectories) == 2 for g in groups)
     assert [t.reward for t in groups[0].trajectories] == [1.0, 1.0]
