@@ -31,7 +31,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from html.parser import HTMLParser
 from importlib.resources import files
 from typing import Any, Final
 
@@ -44,14 +43,15 @@ from runtime.config import ObservationConfig
 from runtime.errors import BrowserError, ObservationError, is_closed
 
 __all__ = [
+    "FIELD_KINDS",
     "ID_ATTRIBUTE",
+    "VOID_TAGS",
     "Element",
     "Observation",
     "Snapshot",
     "estimate_tokens",
     "observe",
     "observe_script",
-    "parse_elements",
     "render",
     "snapshot",
 ]
@@ -59,16 +59,30 @@ __all__ = [
 ID_ATTRIBUTE: Final = "data-webagent-id"
 TokenCounter = Callable[[str], int]
 
+# Tags that start a line of their own (their children stay on it unless they are blocks).
 _LINE_TAGS: Final = frozenset(
-    {"h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "tr", "dt", "dd", "caption", "pre"}
+    {
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "p",
+        "li",
+        "tr",
+        "dt",
+        "dd",
+        "caption",
+        "pre",
+        "blockquote",
+    }
 )
-_LINE_TAGS_ALL: Final = _LINE_TAGS | {"blockquote"}
-_INLINE_TAGS: Final = frozenset({"th", "td", "label"})
 # No space just inside the tags of line and cell elements: `<li> <a ..>x</a> </li>`.
 _SPACED = "li|tr|td|th|p|h[1-6]|label|dt|dd|caption|pre|blockquote"
 _TIGHT_OPEN: Final = re.compile(rf"(<(?:{_SPACED})>) ")
 _TIGHT_CLOSE: Final = re.compile(rf" (</(?:{_SPACED})>)")
-_VOID: Final = frozenset({"input", "img"})
+VOID_TAGS: Final = frozenset({"input", "img"})
 
 
 def estimate_tokens(text: str) -> int:
@@ -244,16 +258,16 @@ class _Writer:
             else:
                 self.put(self.interactive(node), here)
             return
-        if tag in ("", "table") or tag in _LINE_TAGS_ALL:
+        if tag in ("", "table") or tag in _LINE_TAGS:
             self.flush()
             if tag == "table" and not self.compact:
                 self.put("<table>", here)
                 self.flush()
-            elif tag in _LINE_TAGS_ALL:
+            elif tag in _LINE_TAGS:
                 self.put(self._open(tag, node) if not self.compact else _PREFIX.get(tag, ""), here)
             for child in node["c"]:
                 self.block(child, here)
-            if tag in _LINE_TAGS_ALL and not self.compact:
+            if tag in _LINE_TAGS and not self.compact:
                 self.put(f"</{tag}>", here)
             self.flush()
             if tag == "table" and not self.compact:
@@ -283,7 +297,7 @@ class _Writer:
             return inner
         if tag == "":
             return inner
-        if tag in _VOID:
+        if tag in VOID_TAGS:
             return self._open(tag, node)
         return f"{self._open(tag, node)}{inner}</{tag}>"
 
@@ -323,7 +337,7 @@ class _Writer:
                 for i, opt in enumerate(options)
             )
             return f"{open_tag}{inner}</select>"
-        if tag in _VOID:
+        if tag in VOID_TAGS:
             return open_tag
         return f"{open_tag}{text}</{tag}>"
 
@@ -366,7 +380,7 @@ _PREFIX: Final = {
 _KIND: Final = {"a": "link", "button": "button", "select": "select", "textarea": "textarea"}
 _COMPACT_LABEL: Final = ("aria-label", "title", "alt", "name")
 _COMPACT_HINT: Final = ("placeholder", "aria-label", "title")
-_FIELD_KINDS: Final = frozenset({"input", "select", "textarea", "checkbox", "radio"})
+FIELD_KINDS: Final = frozenset({"input", "select", "textarea", "checkbox", "radio"})
 
 
 def _compact_interactive(
@@ -386,7 +400,7 @@ def _compact_interactive(
         kind = input_type if input_type in ("checkbox", "radio", "submit", "button") else "input"
     if kind is None:
         kind = attrs.get("role") or tag
-    if kind in _FIELD_KINDS:
+    if kind in FIELD_KINDS:
         parts = [kind]
         if attrs.get("name"):
             parts.append("".join(attrs["name"].split()))
@@ -513,114 +527,3 @@ def _visible_elements(writer: _Writer, shown: list[_Line]) -> dict[int, Element]
     else:
         present = {int(m) for m in re.findall(r' id="(\d+)"', text)}
     return {i: e for i, e in writer.elements.items() if i in present}
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-class _ElementParser(HTMLParser):
-    """Reads back the interactive elements of an "html" style observation."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.found: list[Element] = []
-        self._open: list[tuple[int, str, dict[str, str], list[str], list[str]]] = []
-        self._option: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        values = {k: ("" if v is None else v) for k, v in attrs}
-        if tag == "option" and self._open:
-            self._option = []
-            return
-        raw_id = values.pop("id", None)
-        if raw_id is None or not raw_id.isdecimal():
-            return
-        if tag in _VOID:
-            self.found.append(Element(id=int(raw_id), tag=tag, text="", attrs=values))
-            return
-        self._open.append((int(raw_id), tag, values, [], []))
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "option" and self._option is not None and self._open:
-            self._open[-1][4].append(" ".join("".join(self._option).split()))
-            self._option = None
-            return
-        if self._open and self._open[-1][1] == tag:
-            element_id, name, attrs, text, options = self._open.pop()
-            self.found.append(
-                Element(
-                    id=element_id,
-                    tag=name,
-                    text=" ".join("".join(text).split()),
-                    attrs=attrs,
-                    options=tuple(options),
-                )
-            )
-
-    def handle_data(self, data: str) -> None:
-        if self._option is not None:
-            self._option.append(data)
-            return
-        for entry in self._open:
-            entry[3].append(data)
-
-
-def parse_elements(text: str, style: str = "html") -> list[Element]:
-    """The interactive elements of a rendered observation, in id order.
-
-    This reads only what the model reads; the oracle resolves its targets with it.
-    For "compact" observations tags are recovered from the kind word (link -> a) and the
-    label is the only attribute (under "label").
-    """
-    if style == "compact":
-        return sorted(_parse_compact(text), key=lambda e: e.id)
-    parser = _ElementParser()
-    for line in text.splitlines():
-        if line.startswith(("URL: ", "Title: ", "Error: ", "Note: ", "Tabs: ")):
-            continue
-        parser.feed(line + "\n")
-    parser.close()
-    return sorted(parser.found, key=lambda e: e.id)
-
-
-_COMPACT_ELEMENT: Final = re.compile(
-    r"^(?P<kind>[A-Za-z][\w-]*)(?: (?P<body>.*?))? \[(?P<id>\d+)\](?:: (?P<opts>.*))?$"
-)
-_COMPACT_FIELD: Final = re.compile(
-    r'^(?P<name>[^\s"]+)?\s*(?:"(?P<hint>[^"]*)")?\s*(?:= "(?P<value>[^"]*)")?\s*'
-    r"(?P<checked>\(checked\))?$"
-)
-_TAG_OF_KIND: Final = {"link": "a", "checkbox": "input", "radio": "input", "submit": "input"}
-
-
-def _parse_compact(text: str) -> list[Element]:
-    found: list[Element] = []
-    for line in text.splitlines():
-        match = _COMPACT_ELEMENT.match(line)
-        if match is None:
-            continue
-        kind = match["kind"]
-        body = (match["body"] or "").strip()
-        attrs = {"kind": kind}
-        options: tuple[str, ...] = ()
-        if match["opts"] is not None:
-            options = tuple(o.removesuffix(" (selected)") for o in match["opts"].split(" | "))
-        field = _COMPACT_FIELD.match(body) if kind in _FIELD_KINDS else None
-        if field is not None:
-            for name in ("name", "value"):
-                if field[name] is not None:
-                    attrs[name] = field[name]
-            if field["checked"]:
-                attrs["checked"] = ""
-            body = field["hint"] or ""
-        attrs["label"] = body
-        found.append(
-            Element(
-                id=int(match["id"]),
-                tag=_TAG_OF_KIND.get(kind, kind),
-                text=attrs.get("value", body) if kind == "textarea" else body,
-                attrs=attrs,
-                options=options,
-            )
-        )
-    return found

@@ -27,7 +27,8 @@ from runtime.messages import (
     PolicyRequest,
     TaskConfig,
 )
-from runtime.observation import Element, parse_elements
+from runtime.observation import Element
+from runtime.reading import parse_elements
 
 __all__ = ["OraclePolicy", "resolve"]
 

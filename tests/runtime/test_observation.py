@@ -18,9 +18,9 @@ from runtime.observation import (
     ID_ATTRIBUTE,
     Snapshot,
     estimate_tokens,
-    parse_elements,
     render,
 )
+from runtime.reading import parse_elements
 
 pytestmark = [pytest.mark.anyio]
 
