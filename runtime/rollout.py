@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from collections.abc import Callable
 
 import anyio
@@ -31,16 +32,14 @@ __all__ = ["Rollout", "RolloutStatistics"]
 log = structlog.get_logger("runtime.rollout")
 
 
+@dataclass(slots=True)
 class RolloutStatistics:
-    """Episodes waiting for a slot, running, and finished (by status)."""
+    """Episodes waiting for a slot, running, and finished (by status); turns taken."""
 
-    __slots__ = ("episodes_finished", "episodes_running", "episodes_waiting", "turns")
-
-    def __init__(self) -> None:
-        self.episodes_waiting = 0
-        self.episodes_running = 0
-        self.episodes_finished: dict[str, int] = {}
-        self.turns = 0
+    episodes_waiting: int = 0
+    episodes_running: int = 0
+    episodes_finished: dict[str, int] = field(default_factory=dict)
+    turns: int = 0
 
 
 class Rollout:

@@ -192,3 +192,35 @@ async def test_a_hung_page_times_out_instead_of_hanging(pool: BrowserPool, web: 
         with pytest.raises((ObservationError, ActionError)):
             await session.observe(CONFIG, timeout_s=1.0)
     assert time.monotonic() - started < 30
+
+
+def test_playwright_errors_are_converted_at_the_boundary() -> None:
+    from playwright._impl._errors import TargetClosedError
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    from runtime.errors import BrowserError, playwright_errors
+
+    cases: list[tuple[Exception, bool, type[Exception], str]] = [
+        (PlaywrightTimeout("Timeout 3000ms exceeded."), True, ActionError, "Click: timed out"),
+        (PlaywrightTimeout("Timeout 3000ms exceeded."), False, BrowserError, "Click: timed out"),
+        (TargetClosedError(), True, BrowserError, "Click: "),
+        (
+            PlaywrightError("Target page, context or browser has been closed"),
+            True,
+            BrowserError,
+            "",
+        ),
+        (
+            PlaywrightError("Locator.fill: Error: Element is not an <input>\nCall log: ..."),
+            True,
+            ActionError,
+            "Click: Error: Element is not an <input>",
+        ),
+    ]
+    for raised, action, expected, message in cases:
+        with pytest.raises(expected) as info, playwright_errors("Click", action=action):
+            raise raised
+        assert message in str(info.value)
+        assert info.value.__cause__ is raised
+        assert not isinstance(info.value, PlaywrightError)
