@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import anyio
 import structlog
