@@ -348,6 +348,7 @@ class InstancePool:
         }
         self._reset_s = 0.0
         self._wait_s = 0.0
+        self._queued = anyio.Event()
 
     @property
     def instances(self) -> list[Instance]:
@@ -369,6 +370,11 @@ class InstancePool:
             wait_s=self._wait_s,
             **self._counts,
         )
+
+    async def wait_queued(self, count: int = 1) -> None:
+        """Wait until at least `count` requests wait for an instance."""
+        while len(self._queue) < count:
+            await self._queued.wait()
 
     # ------------------------------------------------------------------ leasing
 
@@ -405,6 +411,9 @@ class InstancePool:
             else:
                 self._queue.append(request)
             self._dispatch()
+            if request in self._queue:  # it waits: wake `wait_queued`
+                self._queued.set()
+                self._queued = anyio.Event()
             await self._wait_granted(request)
             if request.error is not None:
                 raise request.error

@@ -150,8 +150,9 @@ def changes_state(task: TaskConfig) -> bool:
 def state_sites(task: TaskConfig) -> tuple[str, ...]:
     """The sites a task's `storage_state` logs in to; () when it has none.
 
-    `./.auth/gitlab.reddit_state.json` -> ("gitlab", "reddit"). Raises AuthError when the
-    name is not `<site>[.<site>...]_state.json` with known login sites.
+    `./.auth/gitlab.reddit_state.json` -> ("gitlab", "reddit"). Known sites without
+    accounts (map, wikipedia) are left out: there is nothing to log in to. Raises
+    AuthError when the name is not `<site>[.<site>...]_state.json` of known sites.
     """
     raw = task.storage_state
     if not isinstance(raw, str) or not raw.strip():
@@ -161,14 +162,15 @@ def state_sites(task: TaskConfig) -> tuple[str, ...]:
         raise AuthError(
             f"task {task.task_id}: storage_state {raw!r} is not named <site>[.<site>]_state.json"
         )
-    sites = tuple(name.removesuffix(_STATE_SUFFIX).split("."))
-    unknown = [s for s in sites if s not in LOGIN_SITES or not _SITE_NAME.match(s)]
-    if unknown or not sites:
+    sites = name.removesuffix(_STATE_SUFFIX).split(".")
+    known = set(SITE_OF_VARIABLE.values())
+    unknown = [s for s in sites if s not in known or not _SITE_NAME.match(s)]
+    if unknown:
         raise AuthError(
             f"task {task.task_id}: storage_state {raw!r} names unknown site(s) {unknown} "
             f"(sites with accounts: {', '.join(LOGIN_SITES)})"
         )
-    return sites
+    return tuple(s for s in sites if s in LOGIN_SITES)
 
 
 def state_file_name(sites: Iterable[str]) -> str:
