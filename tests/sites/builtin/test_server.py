@@ -156,6 +156,10 @@ async def test_concurrent_tenants_see_only_their_own_writes(
         assert "was here." not in text
         base = int(text.split('id="comment-count">')[1].split("<")[0])
         assert counts == [str(base + 1)] * 2
+        async with _client("not-a-tenant") as client:
+            stranger = await client.get(post_url)
+        assert stranger.status_code == 404 and "Unknown tenant" in stranger.text
+        assert "was here." not in stranger.text
     finally:
         for context in contexts:
             await context.close()
