@@ -415,6 +415,7 @@ def write_tasks(path: str | Path, tasks: Sequence[TaskConfig]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = encode_tasks(list(tasks))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # mkstemp makes 0600; task files are ordinary readable data
     done = False
     try:
         with os.fdopen(fd, "wb") as fh:

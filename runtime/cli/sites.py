@@ -1,8 +1,7 @@
 """`webagent sites serve` and `webagent tasks generate|stats` (the built-in sites and suite).
 
-`tasks generate` and `tasks stats` join the `tasks` group when another module made it
-(`runtime.cli.tasks`, listed before this one in `_COMMANDS`); otherwise the group is made
-here. `add_task_commands(cmds)` adds them to any `tasks` subparsers object.
+`add_task_commands(cmds)` adds `generate` and `stats` to the `tasks` group that
+`runtime.cli.tasks` makes.
 """
 
 from __future__ import annotations
@@ -43,24 +42,11 @@ def register(sub: Any) -> None:
     serve.add_argument("--host", help="listen address (default: sites.host)")
     serve.add_argument("--port", type=int, help="first port; the five sites use PORT..PORT+4")
     serve.set_defaults(func=_serve)
-    add_task_commands(_tasks_group(sub))
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file over the defaults")
     parser.add_argument("--seed", type=int, help="data and suite seed (default: sites.seed)")
-
-
-def _tasks_group(sub: Any) -> Any:
-    """The `tasks` group's subparsers, made here if no earlier module made the group."""
-    parser = sub.choices.get("tasks")
-    if parser is None:
-        parser = sub.add_parser("tasks", help="task files and the built-in task suite")
-        return parser.add_subparsers(title="tasks commands", metavar="ACTION", required=True)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("the tasks command group has no subcommands")  # pragma: no cover
 
 
 def add_task_commands(cmds: Any) -> None:

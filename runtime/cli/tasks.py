@@ -1,7 +1,6 @@
-"""`webagent tasks check`: WebArena-format task files.
+"""`webagent tasks check|generate|stats`: WebArena-format task files and the built-in suite.
 
-More subcommands of the `tasks` group register themselves in `register` below, one
-`_add_<name>(cmds)` each.
+`check` is here; `generate` and `stats` (the built-in suite) come from `runtime.cli.sites`.
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ import argparse
 import sys
 from typing import Any
 
+from runtime.cli.sites import add_task_commands
 from runtime.errors import UsageError
 from sites.errors import TaskFileError
 from sites.evaluators import unsupported
@@ -17,9 +17,10 @@ from sites.tasks import count_tasks, load_tasks
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("tasks", help="check WebArena-format task files")
+    parser = sub.add_parser("tasks", help="WebArena-format task files and the built-in suite")
     cmds = parser.add_subparsers(title="tasks commands", metavar="ACTION", required=True)
     _add_check(cmds)
+    add_task_commands(cmds)
 
 
 def _add_check(cmds: Any) -> None:
