@@ -251,7 +251,7 @@ class VLLMServer:
             tg.cancel_scope.cancel()
         if process is not None and process.returncode is not None:
             code = process.returncode
-            await self._reap()
+            await self.stop()  # whatever of its group is left
             raise ServerStartError(
                 f"vLLM exited with code {code} while starting (log: {self.log_path})",
                 self.log_tail(),

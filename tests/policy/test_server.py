@@ -1,0 +1,135 @@
+"""VLLMServer's command line, environment and process handling, without vLLM: a stand-in
+executable (the `python` seam) that fails or hangs with a child in its process group."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from policy.errors import ServerExitedError, ServerStartError
+from policy.server import VLLMServer, server_command, server_env
+from runtime.config import PolicyConfig
+
+
+def test_cpu_command_and_environment(tmp_path: Path) -> None:
+    config = PolicyConfig(max_loras=5, max_cpu_loras=9, kv_cache_gib=1.5, extra_args=("--x",))
+    cmd = server_command(config, model=str(tmp_path), port=8123, python="py")
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    joined = " ".join(cmd)
+    for part in (
+        f"--model {tmp_path}",
+        "--port 8123",
+        "--enable-lora",
+        "--max-loras 5",
+        "--max-cpu-loras 9",
+        "--max-lora-rank 8",
+        "--dtype float32",
+        "--logprobs-mode processed_logprobs",
+    ):
+        assert part in joined
+    assert cmd[-1] == "--x"
+    assert "--gpu-memory-utilization" not in cmd
+    env = server_env(config, model=str(tmp_path), base={"PATH": "/bin"})
+    assert env["PATH"] == "/bin"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # whole GiB, rounded up
+    assert env["HF_HUB_OFFLINE"] == "1"  # a local folder needs no hub
+
+
+def test_gpu_command_and_hub_model() -> None:
+    config = PolicyConfig(device="gpu", gpu_memory_utilization=0.5, dtype="bfloat16")
+    cmd = server_command(config, model="Qwen/Qwen2.5-3B-Instruct", port=1, python="py")
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.5"
+    env = server_env(config, model="Qwen/Qwen2.5-3B-Instruct", base={})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert "HF_HUB_OFFLINE" not in env
+
+
+def _stand_in(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+@pytest.mark.anyio
+async def test_a_server_that_exits_raises_with_its_log(tmp_path: Path) -> None:
+    python = _stand_in(tmp_path, 'echo "ValueError: no model at $4"; exit 3')
+    server = VLLMServer(
+        PolicyConfig(), model="/no/model", log_path=tmp_path / "run" / "vllm.log", python=python
+    )
+    with pytest.raises(ServerStartError, match="exited with code 3") as info:
+        await server.start()
+    assert "ValueError: no model at /no/model" in info.value.log_tail
+    assert "ValueError: no model" in str(info.value)
+    assert not server.running
+
+
+@pytest.mark.anyio
+async def test_a_server_that_hangs_is_stopped_with_its_whole_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    python = _stand_in(tmp_path, f"sleep 300 & echo $! > {pids}; echo starting; wait")
+    server = VLLMServer(PolicyConfig(), model="m", log_path=tmp_path / "vllm.log", python=python)
+    with pytest.raises(ServerStartError, match="not healthy after 1 s") as info:
+        await server.start(timeout_s=1.0)
+    assert "starting" in info.value.log_tail
+    child = int(pids.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert server.pid is None
+
+
+_HEALTHY_THEN_CRASH = """
+import http.server, sys, threading, os
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        print("served", self.path, flush=True)
+        if os.path.exists(sys.argv[0] + ".crash"):
+            threading.Timer(0.1, lambda: os._exit(9)).start()
+    def log_message(self, *args):
+        pass
+print("listening", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+@pytest.mark.anyio
+async def test_start_wait_exited_restart_and_stop(tmp_path: Path) -> None:
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\n{_HEALTHY_THEN_CRASH}")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    server = VLLMServer(PolicyConfig(), model="m", log_path=tmp_path / "vllm.log",
+                        python=str(script))  # fmt: skip
+    async with server:
+        assert server.running
+        first_pid, url = server.pid, server.url
+        assert url.startswith("http://127.0.0.1:")
+        await anyio.Path(f"{script}.crash").touch()
+        async with httpx.AsyncClient() as http:
+            await http.get(f"{url}/health")
+        with anyio.fail_after(10), pytest.raises(ServerExitedError, match="code 9") as info:
+            await server.wait_exited()
+        assert "served /health" in info.value.log_tail
+        await anyio.Path(f"{script}.crash").unlink()
+        await server.restart()
+        assert server.running
+        assert server.url == url  # same port after a restart
+        assert server.pid != first_pid
+        assert server.statistics().starts == 2
+        pid = server.pid
+    assert server.pid is None
+    assert not psutil.pid_exists(pid)
+
+
+def test_needs_a_model_or_a_url() -> None:
+    with pytest.raises(ValueError, match="needs a model"):
+        VLLMServer(PolicyConfig())
+    assert VLLMServer(PolicyConfig(url="http://h:1/")).url == "http://h:1"
