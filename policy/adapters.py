@@ -13,8 +13,10 @@ base rows with LoRA rows (the vLLM 0.32 CPU LoRA slot bug).
 4. unloads older versions that no request holds and that are outside the staleness
    window (`version < current - staleness_window`), and checks `/v1/models` again.
 A version still held by requests is unloaded by the manager's janitor task as soon as its
-last lease ends. Requests hold a lease (`with manager.lease() as lease:`) on one version
-for their whole duration.
+last lease ends; an unload that fails (server unreachable) is logged and retried at the
+next publish or release. Requests hold a lease (`with manager.lease() as lease:`) on one
+version for their whole duration. After a server restart, `restore()` loads the resident
+versions again (`VLLMPolicy` calls it when the server answers 404 for an adapter).
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from policy.errors import AdapterError, AdapterManifestError, AdapterSwapError, PolicyError
+from policy.errors import (
+    AdapterError,
+    AdapterManifestError,
+    AdapterSwapError,
+    PolicyError,
+    RequestError,
+)
 from runtime.messages import AdapterManifest, AdapterSwapped, Event
 
 __all__ = [
@@ -253,7 +261,12 @@ class AdapterManager:
             await self._verify()
             self._current = manifest.version
             latency = time.monotonic() - started
-            unloaded = await self._unload_idle()
+            try:
+                unloaded = await self._unload_idle()
+            except RequestError as exc:
+                # The swap is done; the old versions stay until the next publish or release.
+                _log.warning("adapter.unload_failed", error=str(exc))
+                unloaded = []
             self._swaps += 1
             self._latencies.append(latency)
         if len(self._resident) >= self.max_loras:

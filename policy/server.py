@@ -162,7 +162,6 @@ class VLLMServer:
         self._port = config.port
         self._process: Process | None = None
         self._log_handle: IO[bytes] | None = None
-        self._exited = anyio.Event()
         self._starts = 0
         self._last_start_s = 0.0
         if not self.managed:
@@ -223,7 +222,6 @@ class VLLMServer:
         self._log_handle = self.log_path.open("ab")
         self._log_handle.write(f"\n=== webagent: starting {' '.join(cmd)}\n".encode())
         self._log_handle.flush()
-        self._exited = anyio.Event()
         self._process = await anyio.open_process(
             cmd, stdin=None, stdout=self._log_handle, stderr=self._log_handle,
             env=env, start_new_session=True,
