@@ -326,7 +326,7 @@ td.url, td.action { max-width: 360px; word-break: break-all; font-family: monosp
 <p>{{ report.tasks }} tasks, {{ report.episodes }} episodes, {{ report.successes }} successes
 ({{ "%.1f" % (report.success_rate * 100) }}%), {{ "%.1f" % report.seconds }} s.
 Multi-site tasks ({{ report.multi_site_tasks }}) count in each of their sites' columns and
-once in {{ average }}.</p>
+once in the {{ average }} column.</p>
 <table id="table"><tr>
 {% for title in report.table %}<th class="num">{{ title }}</th>{% endfor %}
 </tr><tr>
@@ -364,8 +364,8 @@ wait {{ r.environment.get("wait_s", 0) }} s)
 {% for t in groups.get(r.task_id, []) %}
 <details{% if t.reward <= 0 %} open{% endif %}><summary>episode {{ t.episode_id }}:
 <span class="{{ 'ok' if t.reward > 0 else 'bad' }}">{{ t.status }}, reward {{ t.reward }}</span>,
-{{ t.turns|length }} turns
-{% if t.answer is not none %}, answer <q>{{ t.answer }}</q>{% endif %}</summary>
+{{ t.turns|length }} turns{% if t.answer is not none %}, answer <q>{{ t.answer }}</q>{% endif %}
+</summary>
 {% if t.evaluation %}<ul>
 {% for c in t.evaluation.checks %}
 <li class="{{ 'ok' if c.passed else 'bad' }}">{{ c.kind }}: {{ c.detail }}</li>

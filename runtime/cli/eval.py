@@ -227,5 +227,7 @@ async def _policy(config: Config, name: str) -> AsyncIterator[tuple[Policy, Toke
         return
     from runtime.policystack import policy_stack
 
-    async with policy_stack(config, adapter=name) as stack:
+    # On a shared server (policy.url), our own adapter names leave a daemon's alone.
+    prefix = f"{config.policy.adapter_prefix}-eval{os.getpid()}" if config.policy.url else None
+    async with policy_stack(config, adapter=name, prefix=prefix) as stack:
         yield stack.policy, stack.renderer.count_tokens

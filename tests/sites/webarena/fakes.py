@@ -12,6 +12,8 @@
 - `BUILTIN_ACCOUNTS`: `sites.accounts` for the built-in sites' login forms (their
   `/login` pages with `username`/`password` fields and a "Log In" button) and accounts.
 - `serve_app`: any ASGI app on 127.0.0.1 in this event loop.
+- `as_webarena(task)`: a built-in task as a WebArena file holds it, with a storage state
+  named after its sites when it requires login.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,6 +34,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from runtime.config import WebArenaAccountConfig
+from runtime.messages import TaskConfig
 from sites.builtin import TENANT_COOKIE, BuiltinSites
 from sites.pool import Instance, Resetter
 
@@ -187,3 +191,12 @@ class BuiltinInstance:
             max_episodes=max_episodes,
             cookies=self.cookies,
         )
+
+
+def as_webarena(task: TaskConfig, *, sites: Sequence[str] | None = None) -> TaskConfig:
+    """The task with `sites` (default: its own) and WebArena's storage-state name."""
+    names = list(sites or task.sites)
+    state = None
+    if task.require_login is True:
+        state = "./.auth/" + ".".join(sorted(names)) + "_state.json"
+    return msgspec.structs.replace(task, sites=names, storage_state=state)

@@ -1,0 +1,203 @@
+"""`webagent eval` and `run_evaluation`: the paper's table, per-task results, the HTML
+report (opened in Chromium), and the instance policy recorded per task on WebArena."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import anyio
+import httpx
+import msgspec
+import pytest
+from playwright.async_api import BrowserContext
+
+from runtime.browser import BrowserPool
+from runtime.cli import main
+from runtime.config import BrowserConfig, Config
+from runtime.evaluation import (
+    EpisodeResult,
+    TaskResult,
+    run_evaluation,
+    score_table,
+)
+from runtime.messages import TaskConfig
+from runtime.oracle import OraclePolicy
+from runtime.webarena import WebArenaEnvironment
+from sites.auth import StorageStates, accounts_from_config
+from sites.builtin import BuiltinSites
+from sites.pool import HttpResetter, InstancePool
+
+HEADER = "| Reddit | GitLab | CMS | Map | Shopping | Avg. |"
+
+
+def _pick(suite: dict[str, list[TaskConfig]], fakes: ModuleType) -> list[TaskConfig]:
+    """One task per site (a state-changing one for reddit) and one multi-site task."""
+    test = suite["test"]
+    chosen = [next(t for t in test if t.task_id == 100000)]  # reddit, program_html
+    for site in ("gitlab", "shopping_admin", "map", "shopping"):
+        chosen.append(next(t for t in test if t.sites == [site] and not t.require_reset))
+    reader = next(t for t in test if t.sites == ["reddit"] and not t.require_reset)
+    reader = msgspec.structs.replace(reader, require_login=True)
+    multi = fakes.as_webarena(reader, sites=["gitlab", "reddit"])
+    return [*(fakes.as_webarena(t) for t in chosen), multi]
+
+
+@pytest.mark.anyio
+@pytest.mark.browser
+async def test_eval_cli_oracle_table_results_and_report(
+    context: BrowserContext,
+    wa_file: Callable[[Sequence[TaskConfig]], Path],
+    suite: dict[str, list[TaskConfig]],
+    fakes: ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tasks = _pick(suite, fakes)
+    path = wa_file(tasks)
+    raw = path.read_text()
+    assert "__REDDIT__" in raw and "./.auth/gitlab.reddit_state.json" in raw
+    out = tmp_path / "eval"
+    argv = [
+        "--log-level", "warning",
+        "eval", "--tasks", str(path), "--policy", "oracle", "--max-turns", "12",
+        "--concurrency", "4", "--out", str(out),
+    ]  # fmt: skip
+    code = await anyio.to_thread.run_sync(main, argv)
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert HEADER in printed
+    assert "| 100.0 | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 |" in printed
+    assert "| 2/2 | 2/2 | 1/1 | 1/1 | 1/1 | 6/6 |" in printed  # the multi-site task twice
+    assert "multi-site tasks: 1" in printed
+
+    lines = (out / "results.jsonl").read_text().splitlines()
+    results = [msgspec.json.decode(line, type=TaskResult) for line in lines]
+    assert sorted(r.task_id for r in results) == sorted(t.task_id for t in tasks)
+    assert not (out / "results.jsonl.partial").exists()
+    multi = next(r for r in results if r.sites == ["gitlab", "reddit"])
+    assert multi.columns == ["Reddit", "GitLab"] and multi.successes == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["table"]["Avg."] == {"tasks": 6, "episodes": 6, "successes": 6}
+    assert (out / "trajectories.jsonl").stat().st_size > 0
+    assert (out / "table.md").read_text().splitlines()[1] == HEADER
+
+    # The report, in Chromium: one self-contained page listing every task and turn.
+    requests: list[str] = []
+    context.on("request", lambda request: requests.append(request.url))
+    page = await context.new_page()
+    await page.goto((out / "report.html").as_uri())
+    listed = await page.eval_on_selector_all(
+        "section[data-task-id]", "els => els.map(e => Number(e.dataset.taskId))"
+    )
+    assert sorted(listed) == sorted(t.task_id for t in tasks)
+    index = await page.eval_on_selector_all("#tasks a", "els => els.map(e => e.textContent)")
+    assert sorted(int(i) for i in index) == sorted(listed)
+    rows = await page.locator("table.turns tr:has(td)").count()
+    assert rows == sum(e.turns for r in results for e in r.episodes) > len(tasks)
+    assert await page.locator("table#table th").all_inner_texts() == [
+        "Reddit", "GitLab", "CMS", "Map", "Shopping", "Avg.",
+    ]  # fmt: skip
+    first = page.locator("section[data-task-id] table.turns tr:has(td)").first
+    cells = await first.locator("td").all_text_contents()  # collapsed: no innerText
+    assert cells[0] == "0" and cells[1].startswith("http://127.0.0.1:")
+    assert cells[3].startswith(("do(", "exit(", "go_"))
+    assert [url for url in requests if not url.startswith("file://")] == []
+
+
+@pytest.mark.anyio
+@pytest.mark.browser
+async def test_run_evaluation_on_webarena_records_the_instance_policy(
+    builtin_sites: BuiltinSites,
+    fakes: ModuleType,
+    suite: dict[str, list[TaskConfig]],
+    browser_pool: BrowserPool,
+    tmp_path: Path,
+) -> None:
+    writer = fakes.as_webarena(next(t for t in suite["test"] if t.task_id == 100000))
+    reader = fakes.as_webarena(next(t for t in suite["test"] if t.sites == ["map"]))
+    sites = [fakes.BuiltinInstance(builtin_sites, f"wa-{i}") for i in range(2)]
+    servers = [fakes.FakeResetServer(delay_s=0.05, on_reset=s.reset) for s in sites]
+    states = StorageStates(tmp_path / "auth", accounts_from_config(fakes.BUILTIN_ACCOUNTS))
+    async with (
+        httpx.AsyncClient() as client,
+        fakes.serve_app(servers[0].app) as url0,
+        fakes.serve_app(servers[1].app) as url1,
+    ):
+        instances = [
+            site.instance(HttpResetter(site.name, url, client, poll_s=0.02))
+            for site, url in zip(sites, (url0, url1), strict=True)
+        ]
+        pool = InstancePool(instances, on_reset=states.invalidate)
+        env = WebArenaEnvironment(
+            pool, {"test": [writer, reader]}, states=states, browser=browser_pool
+        )
+        made = await env.prepare([writer, reader])
+        assert made == {"wa-0": ["reddit_state.json"], "wa-1": ["reddit_state.json"]}
+        report = await run_evaluation(
+            Config(browser=BrowserConfig(action_timeout_s=5.0)),
+            env,
+            OraclePolicy(),
+            [writer, reader],
+            out_dir=tmp_path / "out",
+            group_size=2,
+            concurrency=4,
+            pool=browser_pool,
+            title="oracle on WebArena-style instances",
+        )
+    assert report.successes == 4 and report.table["Reddit"].episodes == 2
+    results = {
+        r.task_id: r
+        for r in (
+            msgspec.json.decode(line, type=TaskResult)
+            for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+        )
+    }
+    spread = results[writer.task_id].environment
+    assert spread["policy"] == "exclusive-reset" and spread["resets"] == 2
+    assert set(spread["instances"]) <= {"wa-0", "wa-1"}
+    assert results[reader.task_id].environment["policy"] == "shared"
+    assert report.environment["pool"]["resets"] >= 2
+    assert report.environment["pool"]["leases_exclusive"] == 2
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "instances: exclusive-reset" in html and "oracle on WebArena-style instances" in html
+
+
+def test_the_table_counts_multi_site_tasks_in_each_column() -> None:
+    def result(task_id: int, sites: list[str], columns: list[str], won: list[bool]) -> TaskResult:
+        episodes = [
+            EpisodeResult(
+                episode_id=f"{task_id}-{i}", status="exited", reward=float(w), answer="",
+                turns=1, seconds=1.0,
+            )
+            for i, w in enumerate(won)
+        ]  # fmt: skip
+        return TaskResult(
+            task_id=task_id, intent="", sites=sites, columns=columns, group_id="g",
+            episodes=episodes, successes=sum(won), success_rate=sum(won) / len(won),
+        )  # fmt: skip
+
+    results = [
+        result(1, ["gitlab", "reddit"], ["Reddit", "GitLab"], [True, False]),
+        result(2, ["gitlab"], ["GitLab"], [True, True]),
+        result(3, ["wikipedia"], [], [False, False]),
+    ]
+    table = score_table(results)
+    assert list(table) == ["Reddit", "GitLab", "CMS", "Map", "Shopping", "Avg."]
+    assert (table["Reddit"].episodes, table["Reddit"].successes) == (2, 1)
+    assert (table["GitLab"].tasks, table["GitLab"].episodes, table["GitLab"].successes) == (2, 4, 3)
+    assert (table["Avg."].tasks, table["Avg."].episodes, table["Avg."].successes) == (3, 6, 3)
+    assert table["CMS"].episodes == 0
+
+
+def test_eval_cli_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--policy", str(tmp_path / "nope")]) == 2
+    assert "--policy: expected 'oracle' or an adapter folder" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"task_id": 1, "intent": "x", "start_url": "__NOWHERE__"}]')
+    assert main(["eval", "--tasks", str(bad)]) == 2
+    assert f"{bad}: task 1: start_url: unknown placeholder __NOWHERE__" in capsys.readouterr().err
+    assert main(["eval", "--group-size", "0"]) == 2
+    assert "--group-size must be at least 1" in capsys.readouterr().err
