@@ -111,6 +111,7 @@ class FakeResetServer:
         self.reset_requests = 0
         self.status_requests = 0
         self.completed = 0
+        self.started = anyio.Event()  # set by the first /reset
         self._running_since: float | None = None
         self._failure = ""
         self.app = Starlette(
@@ -128,6 +129,7 @@ class FakeResetServer:
             return PlainTextResponse("Reset already running", status_code=418)
         self._running_since = time.monotonic()
         self._failure = ""
+        self.started.set()
         return PlainTextResponse('Reset initiated, check status <a href="/status">here</a>')
 
     async def _status(self, request: Request) -> Response:

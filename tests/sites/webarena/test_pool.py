@@ -175,7 +175,7 @@ async def test_a_failing_reset_takes_the_instance_out(fakes: ModuleType) -> None
 async def test_a_reset_that_times_out_fails_every_waiting_episode(fakes: ModuleType) -> None:
     server = fakes.FakeResetServer(mode="hanging")
     async with httpx.AsyncClient() as client, fakes.serve_app(server.app) as url:
-        pool = InstancePool([_instance("only", url, client, timeout_s=0.3)])
+        pool = InstancePool([_instance("only", url, client, timeout_s=0.5)])
         errors: list[Exception] = []
 
         async def episode(exclusive: bool) -> None:
@@ -188,14 +188,14 @@ async def test_a_reset_that_times_out_fails_every_waiting_episode(fakes: ModuleT
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             tg.start_soon(episode, True)
-            await anyio.wait_all_tasks_blocked()  # the first one is resetting
+            await server.started.wait()  # the first one is resetting
             assert pool.statistics().resetting == ["only"]
             tg.start_soon(episode, False)
             tg.start_soon(episode, True)
     assert len(errors) == 3
     assert time.monotonic() - started < 3
     assert "no WebArena instance is left" in str(errors[0])
-    assert "not ready within 0.3 s (last: 200 'Reset ongoing')" in str(errors[0])
+    assert "not ready within 0.5 s (last: 200 'Reset ongoing')" in str(errors[0])
     with pytest.raises(NoInstanceError):
         async with pool.lease(exclusive=False):
             pass
