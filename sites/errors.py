@@ -6,21 +6,32 @@
         ├── PlaceholderError       a `__SITE__` placeholder with no URL to put in its place
         ├── PageError              the browser failed under an evaluator (Playwright, converted)
         │   └── PageClosedError    the page or its browser is gone
-        └── JudgeError             the fuzzy-match judge failed or answered unreadably (httpx)
+        ├── JudgeError             the fuzzy-match judge failed or answered unreadably (httpx)
+        └── WebArenaError          self-hosted WebArena (`sites.webarena`, `.auth`, `.pool`)
+            ├── SiteURLError       a site URL that is missing or not an http(s) URL
+            ├── AuthError          auto-login failed or a storage state is unusable
+            ├── ResetError         an instance reset failed or timed out (httpx, subprocess)
+            └── NoInstanceError    no instance is left in the pool
 
-Playwright and httpx errors are converted at one boundary each (`sites.evaluators` and
-`sites.judge`) with `raise ... from exc`; none of theirs leaks out of this package.
+Playwright and httpx errors are converted at one boundary each (`sites.evaluators`,
+`sites.judge`, `sites.auth` and `sites.pool`) with `raise ... from exc`; none of theirs
+leaks out of this package.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "AuthError",
     "JudgeError",
+    "NoInstanceError",
     "PageClosedError",
     "PageError",
     "PlaceholderError",
+    "ResetError",
     "SiteError",
+    "SiteURLError",
     "TaskFileError",
+    "WebArenaError",
 ]
 
 
@@ -64,3 +75,37 @@ class PageClosedError(PageError):
 
 class JudgeError(SiteError):
     """The fuzzy-match judge could not be asked or gave no readable verdict."""
+
+
+class WebArenaError(SiteError):
+    """Base of the errors of the self-hosted WebArena adapter."""
+
+
+class SiteURLError(WebArenaError):
+    """A WebArena site URL (SHOPPING, ...) that is missing or not an http(s) URL."""
+
+    def __init__(self, name: str, url: str, problem: str, *, source: str = "") -> None:
+        self.name = name
+        self.url = url
+        self.problem = problem
+        where = f"{source}: " if source else ""
+        what = f"site URL {name}={url!r}" if url else name
+        super().__init__(f"{where}{what}: {problem}")
+
+
+class AuthError(WebArenaError):
+    """Auto-login failed (the site, the account and what was seen are in the message), or a
+    storage state file cannot be read or written."""
+
+
+class ResetError(WebArenaError):
+    """Resetting a WebArena instance failed or timed out; the instance leaves the pool."""
+
+    def __init__(self, instance: str, problem: str) -> None:
+        self.instance = instance
+        self.problem = problem
+        super().__init__(f"instance {instance!r}: reset failed: {problem}")
+
+
+class NoInstanceError(WebArenaError):
+    """Every WebArena instance of the pool has failed; no episode can run."""
