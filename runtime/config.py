@@ -28,6 +28,7 @@ __all__ = [
     "PolicyConfig",
     "SchedulerConfig",
     "SitesConfig",
+    "WebArenaAccountConfig",
     "WebArenaInstanceConfig",
     "dump_config",
     "load_config",
@@ -56,6 +57,32 @@ class WebArenaInstanceConfig(_Section, frozen=True):
     # Or a shell command that resets the instance and exits 0.
     reset_command: str = ""
     reset_timeout_s: PositiveFloat = 900.0
+    # Seconds between two polls of the reset server's /status (and of the sites after it).
+    reset_poll_s: PositiveFloat = 5.0
+    # Episodes at once on this instance (read-only ones share it; a state-changing one
+    # holds it alone).
+    max_episodes: Positive = 32
+
+
+class WebArenaAccountConfig(_Section, frozen=True):
+    """One site's auto-login account; an empty field means WebArena's standard value.
+
+    Keyed by the task `sites` name (shopping, shopping_admin, reddit, gitlab). Fields are
+    Playwright locators written `label:Email`, `placeholder:user name`, `testid:x`,
+    `role:button:Sign In` or `css:#id`; paths are relative to the site's URL.
+    """
+
+    username: str = ""
+    password: str = ""
+    login_path: str = ""
+    username_field: str = ""
+    password_field: str = ""
+    submit: str = ""
+    # A page only a logged-in user sees; the state is valid when it loads without a
+    # redirect (and, if set, its HTML contains `check_keyword`). Setting `check_path`
+    # alone drops the standard page's keyword.
+    check_path: str = ""
+    check_keyword: str = ""
 
 
 class SitesConfig(_Section, frozen=True):
@@ -81,6 +108,12 @@ class SitesConfig(_Section, frozen=True):
     instances: tuple[WebArenaInstanceConfig, ...] = ()
     # WebArena accounts' storage states are written here.
     auth_dir: str = ".webagent/auth"
+    # Auto-login accounts by site (shopping, shopping_admin, reddit, gitlab) over
+    # WebArena's standard ones; a verified storage state is trusted this long before it
+    # is checked again, and one login may take this long.
+    accounts: dict[str, WebArenaAccountConfig] = {}
+    auth_check_interval_s: NonNegativeFloat = 600.0
+    auth_timeout_s: PositiveFloat = 60.0
     # Fuzzy-match judge: an OpenAI-compatible server (base URL, with or without /v1) and
     # its model. Empty URL: fuzzy_match checks are reported unjudged, never guessed.
     judge_url: str = ""
@@ -260,6 +293,9 @@ class BCConfig(_Section, frozen=True):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Models up to this many parameters are fully fine-tuned in mode "auto"; larger: LoRA.
     full_max_params: Positive = 100_000_000
+    # torch intra-op threads (0: torch's default). On a CPU shared with vLLM and Chromium,
+    # 1 thread ran a tiny model's BC step 25x faster than 2 (OpenMP spinning under load).
+    torch_threads: NonNegative = 0
 
 
 class DaemonConfig(_Section, frozen=True):

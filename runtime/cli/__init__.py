@@ -20,7 +20,7 @@ from runtime.logs import configure_logging
 __all__ = ["main"]
 
 # Command groups, in the order `--help` lists them. A group is listed only when it works.
-_COMMANDS = ("config", "tasks", "model", "sites", "rollout", "demos", "bc", "trajectories")
+_COMMANDS = ("config", "tasks", "model", "sites", "rollout", "demos", "bc", "trajectories", "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
