@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,6 @@ from policy.tiny import (
     make_tiny_model,
     train_tokenizer,
 )
-from runtime.cli import main
 
 TEXTS = [*base_corpus(0), '<li><a id="12">Lamps</a> $12.99</li> Lamps and lamps', "Buy 3 Lamps"]
 
@@ -106,18 +107,31 @@ def test_words_recipe_decodes_like_transformers(tmp_path: Path) -> None:
         assert hf.decode(ids, skip_special_tokens=True) == renderer.decode(ids)
 
 
-def test_model_init_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _webagent(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in its own process (it configures logging and runs its own event loop)."""
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_model_init_command(tmp_path: Path) -> None:
     out = tmp_path / "tiny"
     started = time.monotonic()
-    assert main(["model", "init", "--out", str(out), "--seed", "1"]) == 0
+    done = _webagent("model", "init", "--out", str(out), "--seed", "1")
     elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
     assert elapsed < 30, f"model init took {elapsed:.1f} s"
-    assert "2 layers x 256" in capsys.readouterr().out
+    assert "2 layers x 256" in done.stdout
     info = json.loads((out / "tiny_model.json").read_text())
     assert info["seed"] == 1
     assert info["vocab_size"] == 2048  # the sites' pages fill the vocabulary
     renderer = PromptRenderer.from_model(out)
     # Trained on the sites' pages: their words are single tokens.
     assert renderer.count_tokens(" product") == renderer.count_tokens(" the") == 1
-    assert main(["model", "init", "--out", str(out)]) == 2
-    assert "exists" in capsys.readouterr().err
+    again = _webagent("model", "init", "--out", str(out))
+    assert again.returncode == 2
+    assert "exists" in again.stderr
