@@ -68,13 +68,13 @@ class Rollout:
         self.stats = RolloutStatistics()
         self._waiting: set[anyio.CancelScope] = set()
         self._running: set[Episode] = set()
-        self._interrupted = False
+        # Bumped by interrupt_all: episodes of groups begun before it never start.
+        self._generation = 0
 
     def interrupt_all(self) -> None:
-        """End every episode now: running ones keep their turns, waiting ones have none.
-
-        Episodes started afterwards run normally.
-        """
+        """End every episode of the groups in flight now: running ones keep their turns,
+        waiting ones have none. Groups begun afterwards run normally."""
+        self._generation += 1
         for scope in list(self._waiting):
             scope.cancel()
         for episode in list(self._running):
@@ -87,9 +87,11 @@ class Rollout:
         group_id = group_id or uuid.uuid4().hex[:12]
         started = time.time()
         results: list[Trajectory | None] = [None] * group_size
+        generation = self._generation
 
         async def one(index: int) -> None:
-            results[index] = await self._episode(task, group_id, f"{group_id}-{index}")
+            episode_id = f"{group_id}-{index}"
+            results[index] = await self._episode(task, group_id, episode_id, generation)
 
         with bind_ids(group_id=group_id, task_id=task.task_id):
             async with anyio.create_task_group() as tg:
@@ -122,9 +124,13 @@ class Rollout:
             )
             return group
 
-    async def _episode(self, task: TaskConfig, group_id: str, episode_id: str) -> Trajectory:
+    async def _episode(
+        self, task: TaskConfig, group_id: str, episode_id: str, generation: int
+    ) -> Trajectory:
         started = time.time()
         waiting = anyio.CancelScope()
+        if generation != self._generation:
+            waiting.cancel()  # its group was interrupted before this episode began
         self._waiting.add(waiting)
         self.stats.episodes_waiting += 1
         status = "interrupted"
