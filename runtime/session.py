@@ -45,7 +45,8 @@ from runtime.observation import (
     Observation,
     TokenCounter,
     estimate_tokens,
-    observe,
+    render,
+    snapshot,
 )
 
 __all__ = ["Allowlist", "BrowserSession"]
@@ -75,6 +76,10 @@ _CHECK: Final = """(a) => {
 _SCROLL: Final = (
     "(y) => { window.scrollTo({top: y, left: 0, behavior: 'instant'}); return window.scrollY; }"
 )
+
+
+# How long an aborted navigation may take to show up as a (refused) download.
+_DOWNLOAD_GRACE_S: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,12 @@ class BrowserSession:
         self._opening = False
         self._crashed = False
         self._new_page = anyio.Event()
+        # Main-frame navigation requests in flight, and an event set when one ends.
+        self._navigations: set[Request] = set()
+        self._navigation_ended = anyio.Event()
+        # Set when a navigation was aborted (what a download does): its download event
+        # follows a moment later.
+        self._download: anyio.Event | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -191,6 +202,21 @@ class BrowserSession:
         page.on("download", self._on_download)
         page.on("close", self._on_close)
         page.on("crash", self._on_crash)
+        page.on("request", self._on_request)
+        page.on("requestfinished", self._on_request_done)
+        page.on("requestfailed", self._on_request_done)
+
+    def _on_request(self, request: Request) -> None:
+        if request.is_navigation_request() and request.frame.parent_frame is None:
+            self._navigations.add(request)
+
+    def _on_request_done(self, request: Request) -> None:
+        if request in self._navigations:
+            if request.failure == "net::ERR_ABORTED" and self._download is None:
+                self._download = anyio.Event()
+            self._navigations.discard(request)
+            self._navigation_ended.set()
+            self._navigation_ended = anyio.Event()
 
     def _on_page(self, page: Page) -> None:
         known = page in self.pages or self._opening
@@ -212,18 +238,20 @@ class BrowserSession:
     async def _on_dialog(self, dialog: Dialog) -> None:
         kind = dialog.type
         message = " ".join(dialog.message.split())[:200]
+        verb = "accepted" if kind == "beforeunload" else "dismissed"
+        self.notices.append(f'a dialog ({kind}) said "{message}" and was {verb}')
         try:
             if kind == "beforeunload":
                 await dialog.accept()
             else:
                 await dialog.dismiss()
-        except PlaywrightError:
+        except PlaywrightError:  # the page closed with the dialog open
             return
-        verb = "accepted" if kind == "beforeunload" else "dismissed"
-        self.notices.append(f'a dialog ({kind}) said "{message}" and was {verb}')
 
     def _on_download(self, download: Download) -> None:
         self.notices.append(f"a download ({download.suggested_filename}) was refused")
+        if self._download is not None:
+            self._download.set()
 
     async def _route(self, route: Route, request: Request) -> None:
         url = request.url
@@ -268,6 +296,11 @@ class BrowserSession:
         """The current tab rendered; `error` (the last action's) and notices go on top."""
         self._check_alive()
         await self._settle()
+        snap = await snapshot(
+            self.page, config, timeout_s=timeout_s or self.config.observation_timeout_s
+        )
+        # The header is built after the page answered: a dialog blocks the page's scripts
+        # until it is dismissed, so its notice is in by now.
         header = [f"Error: {error}"] if error else []
         header += [f"Error: {blocked}" for blocked in self.blocked]
         self.blocked = []
@@ -275,13 +308,7 @@ class BrowserSession:
         tabs = self.tabs_line()
         if tabs:
             header.append(tabs)
-        self.observation = await observe(
-            self.page,
-            config,
-            timeout_s=timeout_s or self.config.observation_timeout_s,
-            header=header,
-            count_tokens=count_tokens,
-        )
+        self.observation = render(snap, config, header=header, count_tokens=count_tokens)
         return self.observation
 
     # ------------------------------------------------------------------ acting
@@ -459,8 +486,18 @@ class BrowserSession:
             raise BrowserError("every tab of the episode is closed")
 
     async def _settle(self) -> None:
-        """Let a navigation that an action started finish loading (bounded, never fails)."""
+        """Let a navigation that an action started finish loading (bounded, never fails).
+
+        Waiting for its request to end also lets a navigation that turned into a download
+        report the refused download before the page is observed."""
         page = self.page
+        with anyio.move_on_after(self.config.navigation_timeout_s):
+            while self._navigations:
+                await self._navigation_ended.wait()
+        if self._download is not None:
+            with anyio.move_on_after(_DOWNLOAD_GRACE_S):
+                await self._download.wait()
+            self._download = None
         with anyio.move_on_after(self.config.navigation_timeout_s):
             try:
                 await page.wait_for_load_state("load", timeout=self._nav_ms())

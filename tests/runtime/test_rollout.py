@@ -225,9 +225,12 @@ async def test_killing_chromium_loses_no_group_and_the_run_goes_on(
     assert [f.kind for f in faults if isinstance(f, Fault)] == ["browser"]
     assert len(groups) == 4
     assert all(len(g.trajectories) == 2 for g in groups)
-    assert [t.reward for t in groups[0].trajectories] == [1.0, 1.0]
-    statuses = Counter(t.status for g in groups[1:3] for t in g.trajectories)
-    assert statuses["error:browser"] >= 2  # the long group, killed mid-way
-    assert [t.status for t in groups[3].trajectories] == ["exited", "exited"]
-    assert [t.reward for t in groups[3].trajectories] == [1.0, 1.0]
+    # The long group was running when Chromium died; the short ones before and after
+    # the relaunch all succeeded (groups arrive in the order they finish).
+    assert groups[0].task_id == SHORT.task_id
+    [long] = [g for g in groups if g.task_id == LONG.task_id]
+    assert [t.status for t in long.trajectories] == ["error:browser"] * 2
+    for group in groups:
+        if group.task_id == SHORT.task_id:
+            assert [(t.status, t.reward) for t in group.trajectories] == [("exited", 1.0)] * 2
     assert list(iter_groups(store_file)) == groups
