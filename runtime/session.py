@@ -147,6 +147,7 @@ class BrowserSession:
         self._opening = False
         self._crashed = False
         self._new_page = anyio.Event()
+        self._navigation_ms = 0.0
         # Main-frame navigation requests in flight, and an event set when one ends.
         self._navigations: set[Request] = set()
         self._navigation_ended = anyio.Event()
@@ -314,11 +315,17 @@ class BrowserSession:
     # ------------------------------------------------------------------ acting
 
     async def execute(self, action: Action, *, timeout_s: float | None = None) -> None:
-        """Carry out `action` on the current tab; raises ActionError for the model."""
+        """Carry out `action` on the current tab; raises ActionError for the model.
+
+        Without `timeout_s`, an element must become actionable within `action_timeout_s`
+        and a navigation the action starts gets `navigation_timeout_s` on top; a caller's
+        `timeout_s` bounds both together.
+        """
         self._check_alive()
         limit = timeout_s or self.config.action_timeout_s
+        self._navigation_ms = 0.0 if timeout_s else self._nav_ms()
         # The outer scope also bounds calls that have no Playwright timeout of their own.
-        bound = limit + 2 * self.config.navigation_timeout_s + self.config.observation_timeout_s
+        bound = limit + 2 * self._navigation_ms / 1000 + self.config.observation_timeout_s
         with anyio.move_on_after(bound) as scope:
             await self._execute(action, limit * 1000)
         if scope.cancelled_caught:
@@ -356,7 +363,7 @@ class BrowserSession:
                 # form submission starts; page.keyboard would not.
                 focused = page.locator("*:focus")
                 if await focused.count():
-                    await focused.last.press("Enter", timeout=ms + self._nav_ms())
+                    await focused.last.press("Enter", timeout=ms + self._navigation_ms)
                 else:
                     await page.keyboard.press("Enter")
         elif name == "Wait":
@@ -411,7 +418,7 @@ class BrowserSession:
                     else:
                         # Playwright's click also waits for a navigation it starts to
                         # commit: give that the navigation timeout on top.
-                        await locator.click(timeout=ms + self._nav_ms())
+                        await locator.click(timeout=ms + self._navigation_ms)
                     if opens_tab:
                         # The new tab's page event comes after the click returns.
                         with anyio.move_on_after(self.config.navigation_timeout_s):
@@ -424,7 +431,7 @@ class BrowserSession:
                     await locator.fill(action.argument or "", timeout=ms)
                 case "Search":
                     await locator.fill(action.argument or "", timeout=ms)
-                    await locator.press("Enter", timeout=ms + self._nav_ms())
+                    await locator.press("Enter", timeout=ms + self._navigation_ms)
                 case "Select Dropdown Option":
                     index = _option_index(
                         observed.tag, observed.options, action.argument or "", element_id
