@@ -114,8 +114,7 @@ class Engine:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
-        if self.config.torch_threads:
-            torch.set_num_threads(self.config.torch_threads)
+        self._set_threads()
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         self._device = resolve_device(self.config.device)
         fingerprint = base_fingerprint(self.base_model)
@@ -160,6 +159,14 @@ class Engine:
             self._restore(saved)
         assert self.state is not None
         return self.state
+
+    def _set_threads(self) -> None:
+        """Apply `torch_threads` to the calling thread: OpenMP's thread count is per
+        calling thread, and anyio may run each call on another worker thread."""
+        import torch
+
+        if self.config.torch_threads and torch.get_num_threads() != self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
 
     def _restore(self, saved: SavedCheckpoint) -> None:
         import torch
@@ -235,6 +242,7 @@ class Engine:
         import torch
 
         assert self.state is not None, "open() first"
+        self._set_threads()
         cfg = self.config
         started = time.perf_counter()
         advantages = [
