@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime.messages import Trajectory, TrajectoryGroup, Turn
+from runtime.messages import ChatMessage, Trajectory, TrajectoryGroup, Turn
 
 MakeGroup = Callable[..., TrajectoryGroup]
 
@@ -118,3 +119,172 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     make_tiny_model(out, base_corpus(0, 100), spec=spec, recipe=TokenizerRecipe(vocab_size=512))
     return out
+
+
+# --------------------------------------------------------------------------- a synthetic task
+# Two turns; each turn shows a page and the agent must click one of four elements. The
+# right element depends on the turn only (2, then 4): a tiny model learns that in ~150
+# BC steps, while learning to condition on a command word took it 150-200 steps of
+# clean supervision before it even started (measured), so the RL test does not depend on
+# any look-up skill. The instruction still names a command, as a web task would.
+
+
+class CommandTask:
+    """Prompts, demonstrations and the reward of the synthetic two-turn task."""
+
+    SYSTEM = "Act."
+    COMMANDS = ("alpha", "bravo", "charlie", "delta")
+    PAGES = ("<p>Step one</p>", "<p>Step two</p>")
+    RIGHT = (2, 4)
+    ANSWER = re.compile(r'<answer>do\(action="Click", element="(\d)"\)</answer>')
+
+    @staticmethod
+    def completion(element: int) -> str:
+        return f'<think>ok</think><answer>do(action="Click", element="{element}")</answer>'
+
+    def intent(self, command: str) -> str:
+        return f"Command {command}"
+
+    def messages(self, command: str, history: Sequence[str], turn: int) -> list[ChatMessage]:
+        from policy.prompt import build_messages
+
+        return build_messages(
+            self.intent(command), history, self.PAGES[turn], system_prompt=self.SYSTEM
+        )
+
+    def right(self, turn: int, text: str) -> bool:
+        match = self.ANSWER.search(text)
+        return match is not None and int(match.group(1)) == self.RIGHT[turn]
+
+    def corpus(self) -> list[str]:
+        """ChatML texts of the task, for training the tokenizer."""
+        import jinja2
+
+        from policy.tiny import CHATML_TEMPLATE
+
+        template = jinja2.Template(CHATML_TEMPLATE)
+        texts = []
+        for command in self.COMMANDS:
+            for element in range(1, 5):
+                history = [self.completion(element)]
+                for turn in range(2):
+                    chat = [
+                        {"role": m.role, "content": m.content}
+                        for m in self.messages(command, history[:turn], turn)
+                    ]
+                    chat.append({"role": "assistant", "content": self.completion(element)})
+                    texts.append(template.render(messages=chat, add_generation_prompt=False))
+        return texts * 3
+
+    def demos(self, per_command: int, p_right: float, seed: int) -> list[TrajectoryGroup]:
+        """Demonstrations of a noisy oracle: each turn right with probability p_right,
+        else a uniformly random element (recorded with reward 1: they are demonstrations)."""
+        rng = random.Random(seed)
+        groups = []
+        for task_id, command in enumerate(self.COMMANDS):
+            trajectories = []
+            for i in range(per_command):
+                turns = []
+                for t in range(2):
+                    element = self.RIGHT[t] if rng.random() < p_right else rng.randint(1, 4)
+                    turns.append(
+                        Turn(
+                            index=t,
+                            url="http://127.0.0.1/",
+                            observation=self.PAGES[t],
+                            observation_digest=f"p{t}",
+                            text=self.completion(element),
+                        )
+                    )
+                trajectories.append(
+                    Trajectory(
+                        episode_id=f"{command}-{i}",
+                        group_id=f"demo-{command}",
+                        task_id=task_id,
+                        intent=self.intent(command),
+                        turns=turns,
+                        reward=1.0,
+                    )
+                )
+            groups.append(
+                TrajectoryGroup(
+                    group_id=f"demo-{command}",
+                    task_id=task_id,
+                    trajectories=trajectories,
+                    created_at=0.0,
+                )
+            )
+        return groups
+
+
+@pytest.fixture(scope="session")
+def command_task() -> CommandTask:
+    return CommandTask()
+
+
+@pytest.fixture(scope="session")
+def command_model_dir(tmp_path_factory: pytest.TempPathFactory, command_task: CommandTask) -> Path:
+    """A fresh tiny Qwen2 (hidden 64, 2 layers) with a tokenizer trained on the task."""
+    from policy.tiny import TinyModelSpec, TokenizerRecipe, make_tiny_model
+
+    out = tmp_path_factory.mktemp("command") / "tiny"
+    spec = TinyModelSpec(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
+    recipe = TokenizerRecipe(vocab_size=600, min_frequency=1)
+    make_tiny_model(out, command_task.corpus(), spec=spec, recipe=recipe, seed=0)
+    return out
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread in this test (on 2 shared cores, 2 threads ran 25x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def command_bc(
+    tmp_path_factory: pytest.TempPathFactory, command_task: CommandTask, command_model_dir: Path
+) -> tuple[Path, Any]:
+    """The task's BC checkpoint: 200 steps on noisy demonstrations (each turn right with
+    probability 0.6, so a converged model is right ~0.7 per turn, ~half the episodes).
+    One command's demonstrations are held out. Returns (folder, BCReport)."""
+    import torch
+
+    from learner.bc import behaviour_clone
+    from runtime.config import BCConfig
+
+    out = tmp_path_factory.mktemp("command-bc") / "bc"
+    config = BCConfig(
+        learning_rate=3e-3,
+        batch_size=32,
+        warmup_steps=10,
+        max_steps=200,
+        max_minutes=10,
+        eval_every_steps=100,
+        heldout_fraction=0.25,
+        eval_examples=64,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = behaviour_clone(
+            command_task.demos(64, 0.6, seed=0),
+            base_model=command_model_dir,
+            out=out,
+            config=config,
+            system_prompt=command_task.SYSTEM,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return out, report

@@ -1,0 +1,497 @@
+"""Behaviour cloning on demonstrations: the warm-up checkpoint RL starts from.
+
+Demonstrations are a trajectory store (JSON lines of `TrajectoryGroup`, as `webagent
+demos` writes them). Every turn of every successful trajectory (reward > 0) is one example,
+rendered exactly as a rollout renders it:
+
+- messages = `policy.prompt.build_messages(intent, earlier completions, observation)`;
+- prompt ids = the model's `PromptRenderer` (its chat template, generation prompt on);
+- completion ids = the tokenizer's ids of the completion text + the end token (the chat
+  template's end-of-turn token, which is what the model generates to stop; checked once
+  against how the template closes an assistant turn).
+
+Loss: negative log-likelihood of every completion token (thoughts included: they teach the
+format), averaged over the tokens of an action, then over the actions of the minibatch:
+the per-turn weights of `learner.loss.triple_mean_weights` with every turn its own
+trajectory, so micro-batching by token budget is exact, as in RL.
+
+Accuracy (train and held-out, per step): teacher-forced exact match of the ACTION: with the
+demonstration's own prompt and thought as context, the argmax token equals the demonstrated
+token at every completion position outside `<think>...</think>` (the answer, its tags and
+the end token). Equivalently: greedy decoding from the demonstrated thought would emit
+exactly the demonstrated action and stop. Scored on a fixed, seeded subset of turns.
+
+Modes: full fine-tuning (tiny models), or LoRA merged into the weights at the end (large
+models); "auto" picks full up to `BCConfig.full_max_params`. The result is a full model
+folder (`save_pretrained` + the base's tokenizer files), written atomically, that vLLM
+serves and `learner.trainer` starts from. Stops at `max_steps`, `max_minutes`, held-out
+`target_accuracy`, or held-out `target_success` when an episode evaluator is given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from learner.batch import MicroBatch, TurnSample, collate, micro_batches, think_mask
+from learner.engine import lr_factor, resolve_device
+from learner.errors import DemonstrationError, LearnerError, TrainingError
+from learner.lora import attach_lora, fsync_dir, fsync_tree
+from learner.loss import token_logprobs, triple_mean_weights
+from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages
+from runtime.config import BCConfig, LearnerConfig
+from runtime.messages import ChatMessage, TrajectoryGroup, decode_group
+
+__all__ = [
+    "BCEval",
+    "BCExample",
+    "BCReport",
+    "behaviour_clone",
+    "demo_examples",
+    "read_demos",
+    "split_heldout",
+]
+
+log = structlog.get_logger("learner.bc")
+
+# Files of a model folder that `save_pretrained` writes itself; the rest (tokenizer,
+# chat template, notes) is copied from the base.
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+REPORT_FILE = "bc.json"
+
+
+@dataclass(frozen=True, slots=True)
+class BCExample:
+    """One demonstrated turn as token ids; `action_mask` marks the scored tokens."""
+
+    task_id: int
+    episode_id: str
+    turn: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    action_mask: tuple[bool, ...]
+
+
+class BCEval(msgspec.Struct, frozen=True, kw_only=True):
+    """One evaluation point."""
+
+    step: int
+    wall_s: float
+    loss: float
+    train_accuracy: float
+    heldout_accuracy: float
+    heldout_success: float | None = None
+
+
+class BCReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What `behaviour_clone` did; also written as `bc.json` in the output folder."""
+
+    out: str
+    base_model: str
+    mode: str
+    parameters: int
+    trainable_parameters: int
+    train_examples: int
+    heldout_examples: int
+    steps: int
+    wall_s: float
+    tokens_per_s: float
+    stop_reason: str
+    train_accuracy: float
+    heldout_accuracy: float
+    heldout_success: float | None = None
+    history: list[BCEval] = []
+
+
+# --------------------------------------------------------------------------- data
+
+
+def read_demos(path: str | Path) -> list[TrajectoryGroup]:
+    """Groups of a trajectory-store file; a torn last line is skipped, any other bad line
+    is a DemonstrationError naming file and line."""
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise DemonstrationError(f"{file}: cannot read ({exc.strerror})") from exc
+    lines = data.split(b"\n")
+    groups = []
+    for number, line in enumerate(lines[:-1], start=1):  # after the last \n: torn or empty
+        if not line.strip():
+            continue
+        try:
+            groups.append(decode_group(line))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise DemonstrationError(f"{file}:{number}: not a trajectory group ({exc})") from exc
+    if not groups:
+        raise DemonstrationError(f"{file}: no demonstrations")
+    return groups
+
+
+def _check_template(renderer: PromptRenderer, messages: list[ChatMessage], text: str) -> None:
+    """The template must close an assistant turn with the end token right after its text."""
+    eos = renderer.special_tokens.get("eos_token", "")
+    prompt = renderer.render_text(messages, add_generation_prompt=True)
+    full = renderer.render_text(
+        [*messages, ChatMessage(role="assistant", content=text)], add_generation_prompt=False
+    )
+    if not full.startswith(prompt + text + eos):
+        raise DemonstrationError(
+            "the chat template does not render an assistant turn as generation prompt + "
+            f"text + {eos!r}; cannot tell which end token the model generates"
+        )
+
+
+def demo_examples(
+    groups: Sequence[TrajectoryGroup],
+    renderer: PromptRenderer,
+    *,
+    keep_thoughts: bool = False,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> list[BCExample]:
+    """Every turn of every successful trajectory, rendered as rollouts render it."""
+    eos_id = renderer.eos_token_id
+    if eos_id is None:
+        raise DemonstrationError("the tokenizer has no eos_token: no end token to learn")
+    decode: Callable[[Sequence[int]], str] = lambda ids: renderer.decode(  # noqa: E731
+        ids, skip_special_tokens=False
+    )
+    examples: list[BCExample] = []
+    checked = False
+    for group in groups:
+        for traj in group.trajectories:
+            if traj.reward <= 0:
+                continue
+            history: list[str] = []
+            for turn in traj.turns:
+                messages = build_messages(
+                    traj.intent,
+                    history,
+                    turn.observation,
+                    keep_thoughts=keep_thoughts,
+                    system_prompt=system_prompt,
+                )
+                if not checked:
+                    _check_template(renderer, messages, turn.text)
+                    checked = True
+                completion = [*renderer.encode(turn.text), eos_id]
+                examples.append(
+                    BCExample(
+                        task_id=traj.task_id,
+                        episode_id=traj.episode_id,
+                        turn=turn.index,
+                        prompt_ids=tuple(renderer.render(messages)),
+                        completion_ids=tuple(completion),
+                        action_mask=tuple(think_mask(completion, decode)),
+                    )
+                )
+                history.append(turn.text)
+    if not examples:
+        raise DemonstrationError("no successful demonstration turns (reward > 0)")
+    return examples
+
+
+def split_heldout(
+    examples: Sequence[BCExample], fraction: float, seed: int
+) -> tuple[list[BCExample], list[BCExample]]:
+    """(train, held-out), split by task id so held-out tasks are never trained on."""
+    tasks = sorted({e.task_id for e in examples})
+    random.Random(seed).shuffle(tasks)
+    n_held = min(len(tasks) - 1, max(1, round(fraction * len(tasks)))) if fraction > 0 else 0
+    held = set(tasks[:n_held])
+    return [e for e in examples if e.task_id not in held], [
+        e for e in examples if e.task_id in held
+    ]
+
+
+def _samples(examples: Sequence[BCExample], *, scoring: bool) -> list[TurnSample]:
+    """Training samples (every completion token; per-action token mean, then per-action
+    mean) or scoring samples (weight 1 on action tokens)."""
+    if scoring:
+        masks = [e.action_mask for e in examples]
+        weights = [1.0] * len(examples)
+    else:
+        masks = [(True,) * len(e.completion_ids) for e in examples]
+        weights = [w[0] for w in triple_mean_weights([[len(m)] for m in masks])]
+    return [
+        TurnSample(
+            group_id="bc",
+            episode_id=e.episode_id,
+            turn=e.turn,
+            prompt_ids=e.prompt_ids,
+            completion_ids=e.completion_ids,
+            mask=m,
+            old_logprobs=(),
+            advantage=1.0,
+            weight=w,
+        )
+        for e, m, w in zip(examples, masks, weights, strict=True)
+    ]
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def _forward(model: Any, mb: MicroBatch) -> Any:
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        logits_to_keep=mb.completion_width + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]
+
+
+def _accuracy(
+    model: Any, examples: Sequence[BCExample], budget: int, pad_id: int, device: str
+) -> float:
+    """Share of examples whose action tokens are all the argmax under teacher forcing."""
+    import torch
+
+    if not examples:
+        return float("nan")
+    correct = 0
+    model.eval()
+    with torch.no_grad():
+        for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
+            mb = collate(mb_samples, pad_id=pad_id).to(device)
+            hit = _forward(model, mb).argmax(-1) == mb.targets
+            scored = mb.weights > 0
+            correct += int((hit | ~scored).all(dim=1).sum())
+    return correct / len(examples)
+
+
+def _bc_step(
+    model: Any,
+    optimizer: Any,
+    batch: Sequence[BCExample],
+    cfg: BCConfig,
+    *,
+    pad_id: int,
+    device: str,
+) -> tuple[float, int]:
+    """One optimizer step on a minibatch; returns (loss, trained tokens)."""
+    import torch
+
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    tokens = 0
+    for mb_samples in micro_batches(_samples(batch, scoring=False), cfg.micro_batch_tokens):
+        mb = collate(mb_samples, pad_id=pad_id).to(device)
+        logp = token_logprobs(_forward(model, mb), mb.targets)
+        loss = -(mb.weights * logp).sum()
+        loss.backward()  # type: ignore[no-untyped-call]
+        total += float(loss.item())
+        tokens += int((mb.weights > 0).sum())
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    optimizer.step()
+    return total, tokens
+
+
+def behaviour_clone(
+    demos: str | Path | Sequence[TrajectoryGroup],
+    *,
+    base_model: str | Path,
+    out: str | Path,
+    config: BCConfig = BCConfig(),
+    lora: LearnerConfig = LearnerConfig(),
+    heldout: str | Path | Sequence[TrajectoryGroup] | None = None,
+    keep_thoughts: bool = False,
+    system_prompt: str = SYSTEM_PROMPT,
+    evaluate_success: Callable[[Any], float] | None = None,
+    overwrite: bool = False,
+) -> BCReport:
+    """Train on the demonstrations and write the BC checkpoint to `out` (see module doc).
+
+    `evaluate_success(model)` (optional) returns held-out episode success of the torch
+    model at each evaluation; it enables `config.target_success`.
+    """
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise LearnerError(f"{target} exists (pass overwrite to replace it)")
+    if config.max_steps == 0 and config.max_minutes == 0:
+        raise LearnerError("BC needs a bound: bc.max_steps or bc.max_minutes")
+    renderer = PromptRenderer.from_model(base_model)
+    groups = read_demos(demos) if isinstance(demos, (str, Path)) else list(demos)
+    examples = demo_examples(
+        groups, renderer, keep_thoughts=keep_thoughts, system_prompt=system_prompt
+    )
+    if heldout is None:
+        train, held = split_heldout(examples, config.heldout_fraction, config.seed)
+    else:
+        held_groups = read_demos(heldout) if isinstance(heldout, (str, Path)) else list(heldout)
+        train = examples
+        held = demo_examples(
+            held_groups, renderer, keep_thoughts=keep_thoughts, system_prompt=system_prompt
+        )
+    try:
+        return _train(
+            train, held, base_model=str(base_model), target=target, config=config, lora=lora,
+            evaluate_success=evaluate_success,
+        )  # fmt: skip
+    except LearnerError:
+        raise
+    except Exception as exc:  # torch, transformers, peft: one boundary
+        raise TrainingError(f"BC failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _train(
+    train: list[BCExample],
+    held: list[BCExample],
+    *,
+    base_model: str,
+    target: Path,
+    config: BCConfig,
+    lora: LearnerConfig,
+    evaluate_success: Callable[[Any], float] | None,
+) -> BCReport:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    device = resolve_device(config.device)
+    model: Any = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    pad = model.config.pad_token_id
+    pad_id = int(pad) if isinstance(pad, int) else 0
+    parameters = sum(p.numel() for p in model.parameters())
+    mode = config.mode
+    if mode == "auto":
+        mode = "full" if parameters <= config.full_max_params else "lora"
+    if mode == "lora":
+        model = attach_lora(model, lora)
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: lr_factor(s, warmup=config.warmup_steps, schedule="constant", total=0),
+    )
+    score_rng = random.Random(config.seed + 1)
+    held_eval = score_rng.sample(held, min(len(held), config.eval_examples))
+    train_eval = score_rng.sample(train, min(len(train), config.eval_examples))
+    history: list[BCEval] = []
+    started = time.monotonic()
+    order: list[BCExample] = []
+    step = 0
+    tokens = 0
+    window: list[float] = []
+    stop_reason = ""
+
+    def evaluate() -> BCEval:
+        success = None if evaluate_success is None else float(evaluate_success(model.eval()))
+        point = BCEval(
+            step=step,
+            wall_s=time.monotonic() - started,
+            loss=sum(window) / len(window) if window else math.nan,
+            train_accuracy=_accuracy(model, train_eval, config.micro_batch_tokens, pad_id, device),
+            heldout_accuracy=_accuracy(model, held_eval, config.micro_batch_tokens, pad_id, device),
+            heldout_success=success,
+        )
+        window.clear()
+        history.append(point)
+        log.info("bc.eval", **msgspec.structs.asdict(point))
+        return point
+
+    while True:
+        if config.max_steps and step >= config.max_steps:
+            stop_reason = "max_steps"
+            break
+        if config.max_minutes and time.monotonic() - started >= 60 * config.max_minutes:
+            stop_reason = "max_minutes"
+            break
+        if len(order) < config.batch_size:
+            fresh = list(train)
+            rng.shuffle(fresh)
+            order.extend(fresh)
+        batch, order = order[: config.batch_size], order[config.batch_size :]
+        loss, n = _bc_step(model, optimizer, batch, config, pad_id=pad_id, device=device)
+        scheduler.step()
+        step += 1
+        tokens += n
+        window.append(loss)
+        if step % config.eval_every_steps == 0:
+            point = evaluate()
+            if config.target_accuracy and point.heldout_accuracy >= config.target_accuracy:
+                stop_reason = "target_accuracy"
+                break
+            success = point.heldout_success
+            if config.target_success and success is not None and success >= config.target_success:
+                stop_reason = "target_success"
+                break
+    wall = time.monotonic() - started
+    final = history[-1] if history and history[-1].step == step else evaluate()
+    if mode == "lora":
+        model = model.merge_and_unload()
+    report = BCReport(
+        out=str(target),
+        base_model=base_model,
+        mode=mode,
+        parameters=parameters,
+        trainable_parameters=sum(p.numel() for p in params),
+        train_examples=len(train),
+        heldout_examples=len(held),
+        steps=step,
+        wall_s=wall,
+        tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        stop_reason=stop_reason,
+        train_accuracy=final.train_accuracy,
+        heldout_accuracy=final.heldout_accuracy,
+        heldout_success=final.heldout_success,
+        history=history,
+    )
+    _save_model(model, Path(base_model), target, report)
+    log.info(
+        "bc.done",
+        out=str(target),
+        steps=step,
+        stop_reason=stop_reason,
+        train_accuracy=report.train_accuracy,
+        heldout_accuracy=report.heldout_accuracy,
+        wall_s=round(wall, 2),
+    )
+    return report
+
+
+def _save_model(model: Any, base: Path, target: Path, report: BCReport) -> None:
+    """save_pretrained + the base's tokenizer files + bc.json, atomically at `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        model.cpu().save_pretrained(str(tmp))
+        if base.is_dir():
+            for item in base.iterdir():
+                if (
+                    item.is_file()
+                    and not item.name.endswith(_WEIGHT_SUFFIXES)
+                    and item.name not in _MODEL_FILES
+                    and not (tmp / item.name).exists()
+                ):
+                    shutil.copy2(item, tmp / item.name)
+        (tmp / REPORT_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(report)))
+        fsync_tree(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+        fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

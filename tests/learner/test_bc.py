@@ -1,0 +1,182 @@
+"""Behaviour cloning: rendering like rollouts, accuracy, the checkpoint, the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from learner.batch import think_mask
+from learner.bc import behaviour_clone, demo_examples, read_demos, split_heldout
+from learner.errors import DemonstrationError
+from policy.prompt import PromptRenderer
+from runtime.cli import main
+from runtime.config import BCConfig
+from runtime.messages import encode
+
+
+def write_store(path: Path, groups: list[Any]) -> Path:
+    path.write_bytes(b"".join(encode(g) + b"\n" for g in groups))
+    return path
+
+
+def test_examples_are_rendered_exactly_as_rollouts_render_them(
+    command_task: Any, command_model_dir: Path
+) -> None:
+    renderer = PromptRenderer.from_model(command_model_dir)
+    groups = command_task.demos(2, 0.5, seed=1)
+
+    def decode(ids: Any) -> str:
+        return renderer.decode(ids, skip_special_tokens=False)
+
+    examples = demo_examples(groups, renderer, system_prompt=command_task.SYSTEM)
+    assert len(examples) == 4 * 2 * 2
+    eos = renderer.eos_token_id
+    assert eos is not None
+    for ex in examples:
+        traj = next(t for g in groups for t in g.trajectories if t.episode_id == ex.episode_id)
+        history = [t.text for t in traj.turns[: ex.turn]]
+        command = traj.intent.removeprefix("Command ")
+        messages = command_task.messages(command, history, ex.turn)
+        assert list(ex.prompt_ids) == renderer.render(messages)
+        text = traj.turns[ex.turn].text
+        assert list(ex.completion_ids) == [*renderer.encode(text), eos]
+        # scored: the tokens outside the thought (here ">ok" straddles the tag, so it
+        # stays scored: see learner.batch.think_mask), the end token included
+        assert ex.action_mask == tuple(think_mask(ex.completion_ids, decode))
+        assert ex.action_mask[-1]
+
+
+def test_heldout_split_is_by_task() -> None:
+    from learner.bc import BCExample
+
+    examples = [
+        BCExample(t, f"e{t}-{i}", 0, (1,), (2,), (True,)) for t in range(10) for i in range(3)
+    ]
+    train, held = split_heldout(examples, 0.2, seed=0)
+    assert len(held) == 6 and len(train) == 24
+    assert not {e.task_id for e in train} & {e.task_id for e in held}
+    assert split_heldout(examples, 0.0, seed=0) == (examples, [])
+    one_task = examples[:3]
+    assert split_heldout(one_task, 0.5, seed=0) == (one_task, [])  # never hold out everything
+
+
+def test_demo_files_are_checked(tmp_path: Path, command_task: Any) -> None:
+    groups = command_task.demos(1, 1.0, seed=0)
+    path = write_store(tmp_path / "demos.jsonl", groups)
+    with path.open("ab") as f:
+        f.write(b'{"group_id": "torn')  # a crash in the middle of an append
+    assert [g.group_id for g in read_demos(path)] == [g.group_id for g in groups]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(encode(groups[0]) + b"\n" + b'{"group_id": 3}\n')
+    with pytest.raises(DemonstrationError, match=r"bad\.jsonl:2: not a trajectory group"):
+        read_demos(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(DemonstrationError, match="no demonstrations"):
+        read_demos(empty)
+    with pytest.raises(DemonstrationError, match="cannot read"):
+        read_demos(tmp_path / "missing.jsonl")
+
+
+def test_a_template_that_does_not_end_turns_with_eos_is_refused(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    shutil.copy(command_model_dir / "tokenizer.json", odd)
+    config = json.loads((command_model_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"].replace(
+        "message['content'] + '<|im_end|>'", "message['content'] + '<|endoftext|>'"
+    )
+    (odd / "tokenizer_config.json").write_text(json.dumps(config))
+    renderer = PromptRenderer.from_model(odd)
+    with pytest.raises(DemonstrationError, match="end token"):
+        demo_examples(command_task.demos(1, 1.0, 0), renderer, system_prompt=command_task.SYSTEM)
+
+
+def test_bc_learns_the_demonstrated_behaviour(command_bc: tuple[Path, Any]) -> None:
+    out, report = command_bc
+    print(
+        f"BC: {report.steps} steps in {report.wall_s:.1f} s ({report.tokens_per_s:.0f} tok/s); "
+        f"action accuracy train {report.train_accuracy:.2f}, "
+        f"held-out {report.heldout_accuracy:.2f}"
+    )
+    assert (report.mode, report.steps, report.stop_reason) == ("full", 200, "max_steps")
+    assert report.heldout_examples == 64 * 2 and report.train_examples == 3 * 64 * 2
+    # the argmax action is the demonstrations' majority (right) action: ~70% of noisy
+    # demonstrated turns; an untrained model scores 0
+    assert [h.step for h in report.history] == [100, 200]
+    assert 0.55 <= report.train_accuracy <= 0.85
+    assert 0.55 <= report.heldout_accuracy <= 0.85
+    assert report.history[-1].loss < 0.2
+    # a full model folder that transformers (and vLLM) load, with its tokenizer
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert json.loads((out / "bc.json").read_text())["steps"] == 200
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out)
+    assert PromptRenderer.from_model(out).eos_token_id is not None
+
+
+def test_bc_needs_a_bound_and_a_free_target(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    from learner.errors import LearnerError
+
+    with pytest.raises(LearnerError, match="needs a bound"):
+        behaviour_clone(
+            command_task.demos(1, 1.0, 0),
+            base_model=command_model_dir,
+            out=tmp_path / "x",
+            config=BCConfig(max_steps=0, max_minutes=0),
+        )
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(LearnerError, match="exists"):
+        behaviour_clone(
+            command_task.demos(1, 1.0, 0), base_model=command_model_dir, out=tmp_path / "taken"
+        )
+
+
+def test_cli(
+    tmp_path: Path,
+    command_task: Any,
+    command_model_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    one_torch_thread: None,
+) -> None:
+    demos = write_store(tmp_path / "demos.jsonl", command_task.demos(4, 1.0, seed=2))
+    config = tmp_path / "bc.toml"
+    config.write_text("[bc]\neval_examples = 8\nbatch_size = 4\nwarmup_steps = 1\n")
+    out = tmp_path / "bc"
+    args = ["bc", "--demos", str(demos), "--base", str(command_model_dir), "--out", str(out)]
+    assert main([*args, "--config", str(config), "--max-steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 steps" in printed and "stopped by max_steps" in printed
+    assert "held-out" in printed and "%" in printed
+    assert (out / "model.safetensors").is_file()
+    # bad input: exit 2 and a line that names the problem
+    assert main([*args, "--max-steps", "1"]) == 2
+    assert "exists" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("nonsense\n")
+    assert (
+        main(
+            [
+                "bc",
+                "--demos",
+                str(bad),
+                "--base",
+                str(command_model_dir),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
+    assert "bad.jsonl:1" in capsys.readouterr().err
