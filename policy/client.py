@@ -332,7 +332,8 @@ class VLLMPolicy:
         self._failed = 0
 
     async def act(self, request: PolicyRequest) -> PolicyReply:
-        """One turn: render `request.messages`, sample with the current adapter.
+        """One turn: render `request.messages`, sample with the current adapter (or the
+        resident one `request.adapter` names).
 
         A 404 from the server (it restarted and lost the adapters) makes the adapter
         manager load them again, and the turn is retried once.
@@ -348,12 +349,12 @@ class VLLMPolicy:
         try:
             async with self._limiter:
                 try:
-                    lease, completion = await self._complete(prompt, sampling)
+                    lease, completion = await self._complete(prompt, sampling, request.adapter)
                 except BadRequestError as exc:
                     if exc.status != 404 or not await self.adapters.restore():
                         raise
                     # The server lost our adapters (it restarted): they are back, retry.
-                    lease, completion = await self._complete(prompt, sampling)
+                    lease, completion = await self._complete(prompt, sampling, request.adapter)
             if completion.prompt_token_ids != prompt:
                 raise BadResponseError(
                     "/v1/completions: the server's prompt ids differ from the ids sent"
@@ -385,9 +386,9 @@ class VLLMPolicy:
         )
 
     async def _complete(
-        self, prompt: list[int], sampling: SamplingParams
+        self, prompt: list[int], sampling: SamplingParams, adapter: str | None
     ) -> tuple[AdapterLease, Completion]:
-        with self.adapters.lease() as lease:
+        with self.adapters.lease(adapter) as lease:
             completion = await self.client.complete(
                 prompt, model=lease.name, sampling=sampling, timeout_s=self.timeout_s
             )

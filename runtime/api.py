@@ -195,7 +195,8 @@ def build_app(*, engine: Engine | None, runs: RunService | None, token: str = ""
         except EndpointFull as exc:
             return _json({"error": str(exc)}, 429, headers={"Retry-After": str(exc.retry_after_s)})
         except ValueError as exc:
-            return _problem(422, str(exc), field="max_turns")
+            field = "max_turns" if "max_turns" in str(exc) else "adapter"
+            return _problem(422, str(exc), field=field)
         return _json({"run_id": state.run_id, "status": state.status}, 202)
 
     def _run_state(request: Request) -> RunState:

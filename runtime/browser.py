@@ -143,10 +143,16 @@ class BrowserPool:
                 raise BrowserError("the browser pool is not started (use `async with`)")
             args = [*CHROMIUM_ARGS, *self.config.extra_args]
             with playwright_errors("launch Chromium"):
+                # Chromium runs in its own process group; with these off, a Ctrl-C or
+                # SIGTERM to our process group does not close it under running episodes:
+                # the daemon drains them and closes the browser itself.
                 browser = await self._playwright.chromium.launch(
                     executable_path=find_chromium(self.config.executable_path),
                     args=args,
                     headless=self.config.headless,
+                    handle_sigint=False,
+                    handle_sigterm=False,
+                    handle_sighup=False,
                 )
             browser.on("disconnected", self._on_disconnected)
             self._browser = browser

@@ -89,6 +89,8 @@ def evaluation_options(config: SitesConfig) -> dict[str, float]:
     return {
         "locator_timeout_s": config.locator_timeout_s,
         "navigation_timeout_s": config.eval_navigation_timeout_s,
+        # The built-in sites render on the server: nothing to wait for after a load.
+        "settle_timeout_s": 0.0 if config.kind == "builtin" else config.eval_settle_timeout_s,
     }
 
 
@@ -156,12 +158,14 @@ class BuiltinEnvironment(SitesEnvironment):
         sites: Any,
         *,
         seed: int = 0,
+        tasks: Mapping[str, Sequence[TaskConfig]] | None = None,
         judge: Any = None,
         eval_options: Mapping[str, float] | None = None,
     ) -> None:
         from sites.builtin import generate_suite
 
-        super().__init__(sites.urls, generate_suite(seed), judge=judge, eval_options=eval_options)
+        suite = tasks if tasks is not None else generate_suite(seed)
+        super().__init__(sites.urls, suite, judge=judge, eval_options=eval_options)
         self.sites = sites
 
     @asynccontextmanager
@@ -195,12 +199,22 @@ class BuiltinEnvironment(SitesEnvironment):
 
 @asynccontextmanager
 async def serve_builtin_environment(
-    config: SitesConfig, *, judge: Any = None
+    config: SitesConfig,
+    *,
+    judge: Any = None,
+    tasks: Mapping[str, Sequence[TaskConfig]] | None = None,
 ) -> AsyncIterator[BuiltinEnvironment]:
-    """Start the built-in sites in this process and yield their environment."""
+    """Start the built-in sites in this process and yield their environment.
+
+    `tasks` (by split) replaces the generated suite, e.g. a task folder of one's own.
+    """
     from sites.builtin import serve_builtin_sites
 
     async with serve_builtin_sites(config) as sites:
         yield BuiltinEnvironment(
-            sites, seed=config.seed, judge=judge, eval_options=evaluation_options(config)
+            sites,
+            seed=config.seed,
+            tasks=tasks,
+            judge=judge,
+            eval_options=evaluation_options(config),
         )

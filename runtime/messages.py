@@ -206,6 +206,8 @@ class PolicyRequest(_Msg, frozen=True):
     turn: int
     task: TaskConfig
     messages: list[ChatMessage]
+    # A served adapter to use ("policy@v3"); None: the version currently published.
+    adapter: str | None = None
 
 
 class PolicyReply(_Msg, frozen=True):

@@ -5,6 +5,9 @@
         stack.adapters      # AdapterManager: publish newer versions for hot-swap
         stack.published     # the first SwapResult (policy@v12 here, or policy@v0)
 
+With `publish=False` nothing is published (`published` is None): the caller publishes
+the first version itself before any request (the daemon's learner does).
+
 From the configuration it starts the vLLM server as a child process (or, with
 `policy.url`, connects to a running one), opens the HTTP client, renders prompts with
 the model's own tokenizer and chat template, enters the adapter manager (its janitor
@@ -23,7 +26,7 @@ worker thread, with the model built on the meta device: no weights are loaded).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ from policy.errors import AdapterManifestError, PolicyError
 from policy.prompt import PromptRenderer
 from policy.server import VLLMServer
 from runtime.config import Config, LearnerConfig
+from runtime.messages import Event
 
 __all__ = ["PolicyStack", "policy_stack", "zero_adapter"]
 
@@ -53,7 +57,7 @@ class PolicyStack:
     client: CompletionClient
     server: VLLMServer
     renderer: PromptRenderer
-    published: SwapResult
+    published: SwapResult | None
     model: str
 
 
@@ -73,9 +77,11 @@ async def policy_stack(
     config: Config,
     *,
     adapter: str | Path | None = None,
+    publish: bool = True,
     prefix: str | None = None,
     log_path: str | Path | None = None,
     http: httpx.AsyncClient | None = None,
+    on_event: Callable[[Event], None] | None = None,
 ) -> AsyncIterator[PolicyStack]:
     """Start or connect to the server and yield a ready `Policy` (see the module docstring).
 
@@ -102,12 +108,15 @@ async def policy_stack(
             staleness_window=config.learner.max_staleness,
             max_loras=pcfg.max_loras,
             timeout_s=pcfg.request_timeout_s,
+            on_event=on_event,
         ) as adapters:
-            if folder is None:
-                folder = await zero_adapter(
-                    model, Path(config.daemon.data_dir) / "adapters", config.learner
-                )
-            published = await adapters.publish(folder)
+            published: SwapResult | None = None
+            if publish:
+                if folder is None:
+                    folder = await zero_adapter(
+                        model, Path(config.daemon.data_dir) / "adapters", config.learner
+                    )
+                published = await adapters.publish(folder)
             policy = VLLMPolicy(
                 client,
                 renderer,
@@ -122,7 +131,7 @@ async def policy_stack(
                 model=model,
                 server=server.url,
                 managed=server.managed,
-                adapter=published.name,
+                adapter=published.name if published else None,
             )
             try:
                 yield PolicyStack(

@@ -85,8 +85,10 @@ class RunService:
         max_runs: int,
         max_turns: int,
         keep_finished: int = 1000,
+        validate: Callable[[RunRequest], None] | None = None,
     ) -> None:
         self._executor = executor
+        self._validate = validate
         self._max_turns = max_turns
         self._limiter = anyio.CapacityLimiter(max_runs)
         self._runs: OrderedDict[str, _Run] = OrderedDict()
@@ -118,6 +120,8 @@ class RunService:
             raise RuntimeError("RunService is not running (use `async with`)")
         if request.max_turns > self._max_turns:
             raise ValueError(f"max_turns must be at most {self._max_turns}")
+        if self._validate is not None:
+            self._validate(request)  # ValueError: a request this service cannot carry out
         run = _Run(uuid.uuid4().hex[:16], request)
         try:
             self._limiter.acquire_on_behalf_of_nowait(run)

@@ -371,7 +371,9 @@ async def open_environment(
     """
     sites = config.sites
     if sites.kind == "builtin":
-        async with serve_builtin_environment(sites, judge=judge) as builtin:
+        # `sites.tasks`: a folder with train/test/ood.json of built-in tasks of one's own.
+        own = tasks_from_path(sites.tasks) if sites.tasks else None
+        async with serve_builtin_environment(sites, judge=judge, tasks=own) as builtin:
             yield builtin
         return
     async with AsyncExitStack() as stack:
