@@ -20,7 +20,18 @@ from runtime.logs import configure_logging
 __all__ = ["main"]
 
 # Command groups, in the order `--help` lists them. A group is listed only when it works.
-_COMMANDS = ("config", "tasks", "model", "sites", "rollout", "demos", "bc", "trajectories", "eval")
+_COMMANDS = (
+    "train",
+    "eval",
+    "rollout",
+    "demos",
+    "bc",
+    "model",
+    "sites",
+    "tasks",
+    "trajectories",
+    "config",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _project_errors() -> tuple[type[Exception], ...]:
+    """The roots of every package's own errors: reported in one line, exit code 1."""
+    from learner.errors import LearnerError
+    from policy.errors import PolicyError
+    from runtime.errors import WebAgentError
+    from sites.errors import SiteError
+
+    return (WebAgentError, PolicyError, LearnerError, SiteError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `webagent` console script."""
     parser = build_parser()
@@ -55,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"webagent: error: {exc}", file=sys.stderr)
         return 2
+    except _project_errors() as exc:
+        print(f"webagent: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("webagent: interrupted", file=sys.stderr)
         return 130

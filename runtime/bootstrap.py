@@ -1,0 +1,99 @@
+"""The embedded default's model, made on first run: tiny model -> demonstrations -> BC.
+
+With `policy.model` set, that model is used as it is. Otherwise, under `daemon.data_dir`:
+
+    models/tiny/        `webagent model init`: a tiny Qwen2 and its tokenizer, made here
+    demos/train.jsonl   the oracle's successful episodes on the train split
+    models/bc/          behaviour cloning on those demonstrations: the model RL starts from
+
+Each step is skipped when its output exists, and each output is written atomically, so
+an interrupted first run resumes at the step it was in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import structlog
+
+from runtime.config import Config
+from runtime.environment import Environment
+
+__all__ = ["BootstrapPaths", "prepare_model"]
+
+log = structlog.get_logger("runtime.bootstrap")
+
+
+class BootstrapPaths:
+    """Where the embedded default keeps what it made."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        root = Path(data_dir)
+        self.tiny = root / "models" / "tiny"
+        self.demos = root / "demos" / "train.jsonl"
+        self.bc = root / "models" / "bc"
+
+
+async def prepare_model(config: Config, environment: Environment) -> str:
+    """The model to serve and train: `policy.model`, or the embedded default's BC model."""
+    if config.policy.model:
+        return config.policy.model
+    paths = BootstrapPaths(config.daemon.data_dir)
+    if (paths.bc / "config.json").is_file():
+        return str(paths.bc)
+    if not (paths.tiny / "config.json").is_file():
+        from runtime.modelinit import init_tiny_model
+
+        log.info("bootstrap.tiny_model", out=str(paths.tiny))
+        await init_tiny_model(paths.tiny, seed=config.sites.seed)
+    if not paths.demos.is_file():
+        from runtime.runner import write_demos
+
+        tasks = environment.tasks("train")
+        log.info("bootstrap.demos", tasks=len(tasks), out=str(paths.demos))
+        paths.demos.parent.mkdir(parents=True, exist_ok=True)
+        report = await write_demos(
+            config,
+            environment,
+            tasks,
+            paths.demos,
+            split="train",
+            concurrency=config.scheduler.max_episodes_in_flight,
+        )
+        log.info(
+            "bootstrap.demos_written",
+            kept=report.kept,
+            turns=report.turns,
+            failures=len(report.failures),
+        )
+    log.info(
+        "bootstrap.bc",
+        base=str(paths.tiny),
+        out=str(paths.bc),
+        max_minutes=config.bc.max_minutes,
+        max_steps=config.bc.max_steps,
+    )
+    summary = await anyio.to_thread.run_sync(_behaviour_clone, config, paths)
+    log.info("bootstrap.bc_done", **summary)
+    return str(paths.bc)
+
+
+def _behaviour_clone(config: Config, paths: BootstrapPaths) -> dict[str, object]:
+    from learner.bc import behaviour_clone
+
+    report = behaviour_clone(
+        paths.demos,
+        base_model=paths.tiny,
+        out=paths.bc,
+        config=config.bc,
+        lora=config.learner,
+        keep_thoughts=config.scheduler.keep_thoughts,
+    )
+    return {
+        "steps": report.steps,
+        "seconds": round(report.wall_s, 1),
+        "stop_reason": report.stop_reason,
+        "train_accuracy": round(report.train_accuracy, 4),
+        "heldout_accuracy": round(report.heldout_accuracy, 4),
+    }

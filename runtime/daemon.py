@@ -1,0 +1,534 @@
+"""The daemon behind `webagent train` and `webagent serve`: one process, one event loop.
+
+    sites (built-in, in-process; or WebArena) ─┐
+    browser pool (one Chromium) ───────────────┼─> scheduler ─> groups ─> pump ─┬─> store (fsync)
+    vLLM (child process or external) <─ policy ┘                                └─> learner
+          ^                                                                        (worker thread)
+          └──────── hot-swap of each new adapter version (policy.adapters) <──────────┘
+    control API + agent endpoint (in-process ASGI) ── status, metrics, pause, runs
+    evaluations every `eval_every` updates on the test and ood splits
+
+Order of work on start: run directory (effective config), environment, model (the
+embedded default's bootstrap when `policy.model` is empty), vLLM and the adapter
+manager, the learner (which resumes from its newest checkpoint and publishes its
+version), then rollouts. Every finished group is stored (fsynced) before the learner
+sees it, so a restart re-reads what the learner had consumed but not trained.
+
+Stopping (`stop()`: SIGINT, SIGTERM, `max_updates`, or a caller): no new groups; groups
+in flight finish, or after `drain_timeout_s` are recorded with their episodes
+`interrupted`; they are stored; the learner finishes an update in progress (checkpoint
+included) and returns; the API stops; vLLM is stopped with its process group. Running
+the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from runtime.browser import BrowserPool
+from runtime.config import Config, dump_config
+from runtime.environment import Environment
+from runtime.episode import Episode, EpisodeSettings
+from runtime.messages import (
+    EvalFinished,
+    EvalSpec,
+    Event,
+    RunRequest,
+    RunTurn,
+    TaskConfig,
+    TrajectoryGroup,
+    Turn,
+    UpdateApplied,
+)
+from runtime.metrics import MetricsBook, plot_learning_curve
+from runtime.runs import RunOutcome, RunService
+
+__all__ = ["Daemon"]
+
+log = structlog.get_logger("runtime.daemon")
+
+# The learning curve is redrawn at most this often (matplotlib costs ~0.3 s a figure).
+_PLOT_EVERY_S = 10.0
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+
+
+class Daemon:
+    """Training (rollouts + learner), serving (control API + agent endpoint), or both."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        training: bool = True,
+        api: bool = True,
+        url_overrides: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.training = training and config.learner.enabled
+        self.api = api and config.endpoint.enabled
+        self.url_overrides = dict(url_overrides or {})
+        self.run_dir = Path(config.daemon.run_dir)
+        self.book = MetricsBook()
+        self.model = ""
+        self.api_url = ""
+        self.started_at = time.time()
+        self._stop = anyio.Event()
+        self._stopped_by = ""
+        self._plot_wanted = anyio.Event()
+        self._eval_wanted: MemoryObjectSendStream[int] | None = None
+        self._pool: BrowserPool | None = None
+        self._environment: Environment | None = None
+        self._stack: Any = None
+        self._learner: Any = None
+        self._scheduler: Any = None
+        self._runs: RunService | None = None
+        self._updates = 0
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self, reason: str = "requested") -> None:
+        """Begin a graceful stop (idempotent)."""
+        if not self._stop.is_set():
+            self._stopped_by = reason
+            log.info("daemon.stopping", reason=reason)
+            self._stop.set()
+
+    async def pause(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.pause()
+
+    async def resume(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.resume()
+
+    async def load_policy(self, path: str) -> str:
+        """Serve an adapter trained elsewhere (training must be off: the learner owns the
+        version sequence while it runs)."""
+        if self.training:
+            raise ValueError(
+                "training is on: the learner publishes every version; load policies into a "
+                "daemon with [learner] enabled = false"
+            )
+        result = await self._stack.adapters.publish(path)
+        return str(result.name)
+
+    # ------------------------------------------------------------------ books
+
+    def record(self, event: Event) -> None:
+        self.book.record(event)
+        if isinstance(event, UpdateApplied):
+            self._updates += 1
+            self._plot_wanted.set()
+            every = self.config.daemon.eval_every
+            if every and self._updates % every == 0:
+                self._want_eval()
+            limit = self.config.daemon.max_updates
+            if limit and self._updates >= limit:
+                self.stop(f"max_updates={limit} reached")
+
+    async def emit(self, event: Event) -> None:
+        self.record(event)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": "training" if self.training else "serving",
+            "model": self.model,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "stopping": self._stop.is_set(),
+            **self.book.summary(),
+        }
+        if self._stack is not None:
+            out["adapters"] = msgspec.to_builtins(self._stack.adapters.statistics())
+            out["policy"] = msgspec.to_builtins(self._stack.policy.statistics())
+        if self._scheduler is not None:
+            out["scheduler"] = msgspec.to_builtins(self._scheduler.statistics())
+        if self._learner is not None:
+            out["learner"] = msgspec.to_builtins(self._learner.statistics())
+        if self._pool is not None:
+            out["browser"] = msgspec.to_builtins(self._pool.statistics())
+        return out
+
+    def prometheus(self) -> str:
+        text = self.book.prometheus()
+        if self._scheduler is not None:
+            stats = self._scheduler.statistics()
+            text += (
+                "# TYPE webagent_groups_in_flight gauge\n"
+                f"webagent_groups_in_flight {stats.groups_in_flight}\n"
+                "# TYPE webagent_episodes_in_flight gauge\n"
+                f"webagent_episodes_in_flight {stats.episodes_in_flight}\n"
+                "# TYPE webagent_group_queue_depth gauge\n"
+                f"webagent_group_queue_depth {stats.queue_depth}\n"
+                "# TYPE webagent_steps_per_second gauge\n"
+                f"webagent_steps_per_second {stats.steps_per_s:g}\n"
+            )
+        return text
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until stopped; `task_status.started()` once rollouts (or the API) run."""
+        from runtime.webarena import open_environment
+
+        config = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.run_dir / "config.toml", dump_config(config).encode())
+        self.book = MetricsBook(self.run_dir / "metrics.jsonl")
+        log.info("daemon.starting", run_dir=str(self.run_dir), training=self.training, api=self.api)
+        try:
+            async with (
+                anyio.create_task_group() as outer,
+                BrowserPool(config.browser) as pool,
+                open_environment(config, url_overrides=self.url_overrides, browser=pool) as env,
+            ):
+                outer.start_soon(self._signals)
+                self._pool, self._environment = pool, env
+                await self._run_with(env, pool, task_status)
+                outer.cancel_scope.cancel()
+        finally:
+            self.book.close()
+            log.info("daemon.stopped", reason=self._stopped_by or "error", updates=self._updates)
+
+    async def _run_with(
+        self, env: Environment, pool: BrowserPool, task_status: TaskStatus[None]
+    ) -> None:
+        from runtime.bootstrap import prepare_model
+        from runtime.policystack import policy_stack
+
+        config = self.config
+        self.model = await prepare_model(config, env) if self.training else config.policy.model
+        if not self.model and not self.training:
+            from runtime.bootstrap import BootstrapPaths
+
+            self.model = str(BootstrapPaths(config.daemon.data_dir).bc)
+        served = msgspec.structs.replace(
+            config, policy=msgspec.structs.replace(config.policy, model=self.model)
+        )
+        async with policy_stack(
+            served,
+            publish=not self.training,
+            log_path=self.run_dir / "vllm.log",
+            on_event=self.record,
+        ) as stack:
+            self._stack = stack
+            async with anyio.create_task_group() as tg:
+                evals_send, evals_recv = anyio.create_memory_object_stream[int](1)
+                self._eval_wanted = evals_send
+                if self.training:
+                    await self._start_training(tg, env, pool, stack)
+                    tg.start_soon(self._evaluations, evals_recv, env, pool, stack)
+                    tg.start_soon(self._plots)
+                else:
+                    evals_recv.close()
+                if self.api:
+                    await tg.start(self._serve_api, env, pool, stack)
+                if self.config.daemon.watch_adapters and not self.training:
+                    tg.start_soon(self._watch_adapters, stack)
+                task_status.started()
+                await self._stop.wait()
+                await self._drain()
+                tg.cancel_scope.cancel()
+
+    async def _start_training(
+        self, tg: anyio.abc.TaskGroup, env: Environment, pool: BrowserPool, stack: Any
+    ) -> None:
+        from learner.trainer import Learner
+        from runtime.rollout import Rollout
+        from runtime.scheduler import Scheduler
+        from runtime.store import TrajectoryStore, iter_groups
+
+        config = self.config
+        store_path = self.run_dir / "trajectories.jsonl"
+        store = TrajectoryStore(store_path)
+
+        def read(ids: Any) -> list[TrajectoryGroup]:
+            wanted = set(ids)
+            return [g for g in iter_groups(store_path) if g.group_id in wanted]
+
+        self._learner = Learner(
+            config.learner,
+            base_model=self.model,
+            out_dir=self.run_dir / "learner",
+            publish=self._publish,
+            emit=self.emit,
+            read_groups=read,
+            decode=stack.renderer.decode,
+            adapter_prefix=config.policy.adapter_prefix,
+            temperature=config.policy.temperature,
+        )
+        groups_send, groups_recv = anyio.create_memory_object_stream[TrajectoryGroup](
+            config.scheduler.stream_buffer
+        )
+        learn_send, learn_recv = anyio.create_memory_object_stream[TrajectoryGroup](0)
+        version = await tg.start(self._learner.run, learn_recv)
+        log.info("daemon.learner_ready", version=version)
+        rollout = Rollout(
+            environment=env,
+            pool=pool,
+            policy=stack.policy,
+            settings=EpisodeSettings.from_config(config),
+            max_episodes=config.scheduler.max_episodes_in_flight,
+            count_tokens=stack.renderer.count_tokens,
+            on_event=self.record,
+        )
+        self._scheduler = Scheduler(
+            rollout=rollout,
+            tasks=env.tasks(config.scheduler.split),
+            send=groups_send,
+            group_size=config.scheduler.group_size,
+            max_groups=config.scheduler.max_groups_in_flight,
+            split=config.scheduler.split,
+            seed=config.scheduler.seed + self._updates_done(),
+        )
+        tg.start_soon(self._scheduler.run)
+        tg.start_soon(self._pump, groups_recv, learn_send, store)
+        self._want_eval()  # the starting version's success, before any update
+
+    def _updates_done(self) -> int:
+        return 0 if self._learner is None else max(self._learner.version, 0)
+
+    async def _publish(self, path: Path) -> None:
+        await self._stack.adapters.publish(path)
+
+    async def _pump(
+        self,
+        groups: MemoryObjectReceiveStream[TrajectoryGroup],
+        learner: MemoryObjectSendStream[TrajectoryGroup],
+        store: Any,
+    ) -> None:
+        """Every finished group: stored (fsynced) first, then handed to the learner."""
+        async with groups, learner:
+            try:
+                async for group in groups:
+                    await store.append_async(group)
+                    await learner.send(group)
+            finally:
+                store.close()
+
+    async def _drain(self) -> None:
+        if self._scheduler is not None:
+            await self._scheduler.stop(self.config.daemon.drain_timeout_s)
+        if self._runs is not None:
+            pass  # agent runs end with the task group (recorded as interrupted)
+
+    def _want_eval(self) -> None:
+        if self._eval_wanted is None or not self.config.daemon.eval_every:
+            return
+        with contextlib.suppress(anyio.WouldBlock):  # one is pending already
+            self._eval_wanted.send_nowait(self._updates)
+
+    async def _evaluations(
+        self,
+        wanted: MemoryObjectReceiveStream[int],
+        env: Environment,
+        pool: BrowserPool,
+        stack: Any,
+    ) -> None:
+        from runtime.evaluation import run_evaluation
+
+        config = self.config
+        concurrency = max(1, config.scheduler.max_episodes_in_flight // 2)
+        async with wanted:
+            async for updates in wanted:
+                version = stack.adapters.current.version if stack.adapters.current else 0
+                for split in ("test", "ood"):
+                    try:
+                        tasks = _eval_tasks(
+                            env, split, config.daemon.eval_episodes, config.scheduler.seed
+                        )
+                    except KeyError:
+                        continue
+                    report = await run_evaluation(
+                        config,
+                        env,
+                        stack.policy,
+                        tasks,
+                        out_dir=self.run_dir / "eval" / f"u{updates:05d}-{split}",
+                        concurrency=concurrency,
+                        title=f"{split} after {updates} updates (v{version})",
+                        pool=pool,
+                        count_tokens=stack.renderer.count_tokens,
+                    )
+                    by_site = {
+                        title: cell.rate for title, cell in report.table.items() if cell.episodes
+                    }
+                    self.record(
+                        EvalFinished(
+                            at=time.time(),
+                            split=split,
+                            version=version,
+                            episodes=report.episodes,
+                            success=report.success_rate,
+                            by_site=by_site,
+                        )
+                    )
+                self._plot_wanted.set()
+
+    async def _plots(self) -> None:
+        png = self.run_dir / "learning_curve.png"
+        metrics = self.run_dir / "metrics.jsonl"
+        while True:
+            await self._plot_wanted.wait()
+            self._plot_wanted = anyio.Event()
+            try:
+                await anyio.to_thread.run_sync(plot_learning_curve, metrics, png)
+            except Exception as exc:  # a plot is a report, never a reason to stop training
+                log.warning("daemon.plot_failed", error=repr(exc))
+            await anyio.sleep(_PLOT_EVERY_S)
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if self._stop.is_set():
+                    log.warning("daemon.signal_again", signal=name, hint="stopping already")
+                    continue
+                self.stop(name)
+
+    async def _serve_api(
+        self,
+        env: Environment,
+        pool: BrowserPool,
+        stack: Any,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        from runtime.api import build_app
+        from runtime.http import serve_asgi
+
+        config = self.config
+
+        async def execute(run_id: str, request: RunRequest, on_turn: Any) -> RunOutcome:
+            return await self._agent_run(
+                env=env, pool=pool, stack=stack, run_id=run_id, request=request, on_turn=on_turn
+            )
+
+        def validate(request: RunRequest) -> None:
+            if request.adapter is not None and stack.adapters.resident(request.adapter) is None:
+                raise ValueError(f"adapter {request.adapter!r} is not served")
+
+        async with RunService(
+            execute,
+            max_runs=config.endpoint.max_runs,
+            max_turns=config.endpoint.max_turns,
+            validate=validate,
+        ) as runs:
+            self._runs = runs
+            app = build_app(engine=self, runs=runs, token=config.endpoint.token)
+            async with serve_asgi(app, host=config.endpoint.host, port=config.endpoint.port) as url:
+                self.api_url = url
+                log.info("daemon.api", url=url, auth=bool(config.endpoint.token))
+                task_status.started()
+                await anyio.sleep_forever()
+
+    async def _agent_run(
+        self,
+        *,
+        env: Environment,
+        pool: BrowserPool,
+        stack: Any,
+        run_id: str,
+        request: RunRequest,
+        on_turn: Any,
+    ) -> RunOutcome:
+        """One agent run: its own context, the start URL's host and `sites` allowed."""
+        from runtime.actions import format_action
+
+        task = TaskConfig(
+            task_id=-1,
+            intent=request.intent,
+            start_url=request.start_url,
+            eval=request.evaluation if request.evaluation is not None else EvalSpec(),
+        )
+        policy = stack.policy if request.adapter is None else _Pinned(stack.policy, request.adapter)
+
+        def report(turn: Turn) -> None:
+            on_turn(
+                RunTurn(
+                    index=turn.index,
+                    url=turn.url,
+                    thought=turn.thought,
+                    action=format_action(turn.action) if turn.action else "",
+                    error=turn.parse_error or turn.action_error,
+                )
+            )
+
+        async with pool.session(allowed=[request.start_url, *request.sites]) as session:
+            episode = Episode(
+                episode_id=run_id,
+                group_id="endpoint",
+                task=task,
+                start_urls=[request.start_url],
+                urls=dict(env.urls),
+                session=session,
+                policy=policy,
+                evaluate=env.evaluate if request.evaluation is not None else None,
+                settings=EpisodeSettings.from_config(self.config, max_turns=request.max_turns),
+                count_tokens=stack.renderer.count_tokens,
+                on_turn=report,
+            )
+            trajectory = await episode.run()
+        adapters = sorted({t.adapter for t in trajectory.turns if t.adapter})
+        return RunOutcome(
+            answer=trajectory.answer,
+            episode_status=trajectory.status,
+            reward=trajectory.reward if request.evaluation is not None else None,
+            adapter=adapters[-1] if adapters else None,
+        )
+
+    async def _watch_adapters(self, stack: Any) -> None:
+        """Hot reload: every new folder with a manifest under `watch_adapters` is served."""
+        from watchfiles import awatch
+
+        folder = Path(self.config.daemon.watch_adapters)
+        await anyio.Path(folder).mkdir(parents=True, exist_ok=True)
+        async for changes in awatch(folder, recursive=True):
+            manifests = sorted({Path(p) for _, p in changes if Path(p).name == "manifest.json"})
+            for manifest in manifests:
+                try:
+                    result = await stack.adapters.publish(manifest.parent)
+                    log.info("daemon.hot_reload", adapter=result.name, path=str(manifest.parent))
+                except Exception as exc:  # a bad folder is refused and reported, not fatal
+                    log.warning(
+                        "daemon.hot_reload_refused", path=str(manifest.parent), error=str(exc)
+                    )
+
+
+class _Pinned:
+    """A policy whose every request names one served adapter."""
+
+    def __init__(self, policy: Any, adapter: str) -> None:
+        self.policy = policy
+        self.adapter = adapter
+
+    async def act(self, request: Any) -> Any:
+        return await self.policy.act(msgspec.structs.replace(request, adapter=self.adapter))
+
+
+def _eval_tasks(env: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:
+    """A fixed, seeded subset of a split: the same tasks at every evaluation."""
+    tasks = env.tasks(split)
+    order = list(tasks)
+    random.Random(f"eval:{seed}:{split}").shuffle(order)
+    return order[: min(len(order), max(1, episodes))]

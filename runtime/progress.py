@@ -1,0 +1,68 @@
+"""Progress on a terminal: rollouts in flight, groups queued, update step, success.
+
+Redrawn once a second from `Daemon.status()` with rich; off a terminal nothing is drawn
+(the structlog JSON lines say the same things).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["show_progress"]
+
+
+def _fmt(value: Any, pattern: str = "{:.1%}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def render(status: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"webagent {status.get('mode', '')}: {status.get('model', '')}",
+        show_header=False,
+        expand=False,
+    )
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    scheduler = status.get("scheduler") or {}
+    learner = status.get("learner") or {}
+    table.add_row(
+        "rollouts in flight",
+        f"{scheduler.get('episodes_in_flight', 0)} episodes, "
+        f"{scheduler.get('groups_in_flight', 0)} groups",
+    )
+    table.add_row("groups queued", str(scheduler.get("queue_depth", 0)))
+    table.add_row("throughput", f"{scheduler.get('steps_per_s', 0.0):.1f} steps/s")
+    table.add_row(
+        "update",
+        f"step {learner.get('step', 0)}, adapter v{status.get('adapter_version', 0)}"
+        f"{' (updating)' if learner.get('updating') else ''}",
+    )
+    groups = status.get("groups") or {}
+    table.add_row(
+        "groups",
+        f"{groups.get('trained', 0)} trained, {groups.get('stale', 0)} stale, "
+        f"{groups.get('zero_variance', 0)} zero-variance",
+    )
+    table.add_row("success (recent train)", _fmt(status.get("recent_success")))
+    evals = status.get("eval_success") or {}
+    table.add_row(
+        "success (eval)", ", ".join(f"{k} {v:.1%}" for k, v in sorted(evals.items())) or "-"
+    )
+    if status.get("stopping"):
+        table.add_row("state", "stopping: draining rollouts, checkpointing")
+    return table
+
+
+async def show_progress(status: Any, console: Console | None = None) -> None:
+    """Redraw `status()` every second until cancelled."""
+    with Live(
+        render(status()), console=console or Console(), refresh_per_second=2, transient=False
+    ) as live:
+        while True:
+            await anyio.sleep(1.0)
+            live.update(render(status()))
