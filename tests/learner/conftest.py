@@ -122,11 +122,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --------------------------------------------------------------------------- a synthetic task
-# Two turns; each turn shows a page and the agent must click one of four elements. The
-# right element depends on the turn only (2, then 4): a tiny model learns that in ~150
-# BC steps, while learning to condition on a command word took it 150-200 steps of
-# clean supervision before it even started (measured), so the RL test does not depend on
-# any look-up skill. The instruction still names a command, as a web task would.
+# Two turns; each turn shows a page and the agent must click one of four elements; the
+# episode succeeds when both clicks are on element 2 and both completions have the exact
+# format. The instruction names a command, as a web task would, but the right action does
+# not depend on it: measured here, a 0.1M-parameter model needed 150-200 steps of clean
+# supervision before it even started to use the command word (and RL could not make a
+# turn-dependent choice, element 2 then 4, sharper than ~0.85 in 40 updates), so the RL
+# test depends on no look-up or conditioning skill, only on sharpening one choice.
 
 
 class CommandTask:
@@ -135,8 +137,13 @@ class CommandTask:
     SYSTEM = "Act."
     COMMANDS = ("alpha", "bravo", "charlie", "delta")
     PAGES = ("<p>Step one</p>", "<p>Step two</p>")
-    RIGHT = (2, 4)
-    ANSWER = re.compile(r'<answer>do\(action="Click", element="(\d)"\)</answer>')
+    RIGHT = (2, 2)
+    # The whole completion must have the format: with a reward that only searched for the
+    # answer, RL let the format tokens drift (the first "<think" token was dropped within
+    # 10 updates, then the end token), since no reward protected them.
+    ANSWER = re.compile(
+        r'<think>[^<>]*</think><answer>do\(action="Click", element="(\d)"\)</answer>'
+    )
 
     @staticmethod
     def completion(element: int) -> str:
@@ -153,7 +160,7 @@ class CommandTask:
         )
 
     def right(self, turn: int, text: str) -> bool:
-        match = self.ANSWER.search(text)
+        match = self.ANSWER.fullmatch(text)
         return match is not None and int(match.group(1)) == self.RIGHT[turn]
 
     def corpus(self) -> list[str]:
