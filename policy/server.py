@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import math
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -40,6 +41,9 @@ from runtime.config import PolicyConfig
 
 __all__ = ["ServerStatistics", "VLLMServer", "server_command", "server_env"]
 
+
+# util-linux setpriv (Debian ships it): sets the parent-death signal, then execs.
+_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
 _log = structlog.get_logger("policy.server")
 
 _ENTRY = "vllm.entrypoints.launchers.api_server.entry"
@@ -217,6 +221,10 @@ class VLLMServer:
             self._port = _free_port(self.config.host)  # kept across restarts
         self.url = f"http://{self.config.host}:{self._port}"
         cmd = server_command(self.config, model=self.model, port=self._port, python=self._python)
+        if _SETPRIV is not None:
+            # The server gets SIGTERM if we die without stopping it (even by SIGKILL):
+            # nothing of ours outlives the process that started it. setpriv execs in place.
+            cmd = [_SETPRIV, "--pdeathsig", "TERM", "--", *cmd]
         env = server_env(self.config, model=self.model, base=self._env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_handle = self.log_path.open("ab")

@@ -238,6 +238,8 @@ class Episode:
                     status=trajectory.status,
                     reward=trajectory.reward,
                     turns=len(trajectory.turns),
+                    prompt_tokens=sum(len(t.prompt_token_ids) for t in trajectory.turns),
+                    completion_tokens=sum(len(t.completion_token_ids) for t in trajectory.turns),
                 )
             )
             log.info(

@@ -17,9 +17,9 @@ import anyio
 
 from runtime.cli.rollout import add_run_arguments, checked_config
 from runtime.config import Config
-from runtime.environment import serve_builtin_environment
 from runtime.errors import UsageError
 from runtime.runner import DemoReport, write_demos
+from runtime.webarena import open_environment
 
 __all__ = ["register"]
 
@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
 
 
 async def _write(config: Config, args: argparse.Namespace) -> DemoReport:
-    async with serve_builtin_environment(config.sites) as environment:
+    async with open_environment(config) as environment:
         try:
             tasks = environment.tasks(args.split)
         except KeyError as exc:

@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 
 from runtime.config import Config, load_config
-from runtime.environment import serve_builtin_environment
 from runtime.errors import UsageError
 from runtime.messages import TrajectoryGroup
 from runtime.oracle import OraclePolicy
@@ -25,6 +24,7 @@ from runtime.protocols import Policy
 from runtime.runner import RunResult, run_tasks
 from runtime.store import TrajectoryStore
 from runtime.summary import format_summary, summarize
+from runtime.webarena import open_environment
 
 __all__ = ["add_run_arguments", "register"]
 
@@ -99,8 +99,8 @@ async def run_split(
     store: TrajectoryStore | None = None,
     progress: bool = True,
 ) -> tuple[RunResult, dict[int, Any]]:
-    """Serve the built-in sites, run the split's tasks, return the groups and the tasks."""
-    async with serve_builtin_environment(config.sites) as environment:
+    """Open the configured sites, run the split's tasks, return the groups and the tasks."""
+    async with open_environment(config) as environment:
         try:
             tasks = environment.tasks(args.split)
         except KeyError as exc:

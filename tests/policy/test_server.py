@@ -133,3 +133,38 @@ def test_needs_a_model_or_a_url() -> None:
     with pytest.raises(ValueError, match="needs a model"):
         VLLMServer(PolicyConfig())
     assert VLLMServer(PolicyConfig(url="http://h:1/")).url == "http://h:1"
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """SIGKILL of the parent leaves no server behind (parent-death signal via setpriv)."""
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "server.pid"
+    python = _stand_in(tmp_path, f"echo $$ > {pid_file}; exec sleep 300")
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import anyio\n"
+        "from policy.server import VLLMServer\n"
+        "from runtime.config import PolicyConfig\n"
+        "async def main():\n"
+        f"    server = VLLMServer(PolicyConfig(), model='m', log_path={str(tmp_path / 'l')!r},"
+        f" python={python!r})\n"
+        "    await server.start(timeout_s=300)\n"
+        "anyio.run(main)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(parent)])
+    try:
+        for _ in range(200):  # the stand-in writes its pid once it runs
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            psutil.wait_procs([psutil.Process(proc.pid)], timeout=0.05)
+        server_pid = int(pid_file.read_text())
+        assert psutil.pid_exists(server_pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        gone, alive = psutil.wait_procs([psutil.Process(server_pid)], timeout=10)
+        assert not alive, "the server outlived the process that started it"
+        assert gone
+    finally:
+        proc.kill()
