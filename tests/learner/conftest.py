@@ -248,9 +248,10 @@ def command_model_dir(tmp_path_factory: pytest.TempPathFactory, command_task: Co
     return out
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:
-    """torch on one thread in this test (on 2 shared cores, 2 threads ran 25x slower)."""
+    """torch on one thread in every learner test, restored after it: on 2 cores shared
+    with other work, a tiny model's step ran 25x slower on 2 threads (OpenMP spinning)."""
     import torch
 
     before = torch.get_num_threads()

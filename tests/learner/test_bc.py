@@ -148,7 +148,6 @@ def test_cli(
     command_task: Any,
     command_model_dir: Path,
     capsys: pytest.CaptureFixture[str],
-    one_torch_thread: None,
 ) -> None:
     demos = write_store(tmp_path / "demos.jsonl", command_task.demos(4, 1.0, seed=2))
     config = tmp_path / "bc.toml"

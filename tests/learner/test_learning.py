@@ -224,7 +224,6 @@ async def test_m_grpo_raises_success_and_lr_zero_does_not(
     tmp_path: Path,
     command_task: Any,
     command_bc: tuple[Path, Any],
-    one_torch_thread: None,
 ) -> None:
     model_dir, _ = command_bc
     policy = TorchPolicy(model_dir)
