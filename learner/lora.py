@@ -36,6 +36,8 @@ from typing import Any
 import msgspec
 
 from learner.errors import AdapterError
+from policy import adapters as _policy
+from policy.errors import AdapterManifestError
 from runtime.config import LearnerConfig
 from runtime.messages import AdapterManifest
 
@@ -47,14 +49,14 @@ __all__ = [
     "base_fingerprint",
     "fsync_dir",
     "fsync_tree",
-    "read_manifest",
     "save_adapter",
-    "sha256_file",
     "verify_adapter",
 ]
 
-MANIFEST = "manifest.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# The file names and the manifest check are the policy layer's (`policy.adapters`): the
+# side that serves an adapter decides what a complete one is; this side writes them.
+MANIFEST = _policy.MANIFEST_FILE
+ADAPTER_WEIGHTS = _policy.WEIGHTS_FILE
 ADAPTER_CONFIG = "adapter_config.json"
 
 _BIG_FILE = 64 << 20
@@ -72,16 +74,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 def adapter_name(version: int, prefix: str = "policy") -> str:
     """`policy@v17`: the served name and the folder name of a version."""
-    return f"{prefix}@v{version}"
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a whole file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return _policy.adapter_name(prefix, version)
 
 
 def base_fingerprint(model_dir: str | Path) -> str:
@@ -190,7 +183,7 @@ def save_adapter(
             version=version,
             base_model=base_model,
             base_fingerprint=fingerprint,
-            weights_sha256=sha256_file(weights),
+            weights_sha256=_policy.weights_sha256(tmp),
             step=step,
             created_at=time.time(),
             lora_rank=config.lora_rank,
@@ -213,39 +206,20 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def read_manifest(folder: str | Path) -> AdapterManifest:
-    """The manifest of an adapter folder; AdapterError if missing or malformed."""
-    path = Path(folder) / MANIFEST
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise AdapterError(f"{folder}: no {MANIFEST} (half-written adapter)") from exc
-    except OSError as exc:
-        raise AdapterError(f"{path}: unreadable ({exc.strerror})") from exc
-    try:
-        manifest: AdapterManifest = msgspec.json.decode(data, type=AdapterManifest)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-        raise AdapterError(f"{path}: not a valid manifest ({exc})") from exc
-    return manifest
-
-
 def verify_adapter(folder: str | Path, *, fingerprint: str | None = None) -> AdapterManifest:
     """Check an adapter folder before it is served or loaded; returns its manifest.
 
-    Refuses: no manifest, missing peft files, weights whose sha256 differs from the
-    manifest's, and (when `fingerprint` is given) an adapter trained on another base.
+    Refuses (AdapterError) what `policy.adapters.read_manifest` refuses (no manifest, a
+    manifest that does not decode, no adapter config, weights whose sha256 differs from
+    the manifest's) and, when `fingerprint` is given, an adapter of another base model.
     """
     root = Path(folder)
-    manifest = read_manifest(root)
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        if not (root / name).is_file():
-            raise AdapterError(f"{root}: {name} missing")
-    actual = sha256_file(root / ADAPTER_WEIGHTS)
-    if actual != manifest.weights_sha256:
-        raise AdapterError(
-            f"{root}: weights sha256 {actual[:12]}... does not match the manifest's "
-            f"{manifest.weights_sha256[:12]}..."
-        )
+    try:
+        manifest = _policy.read_manifest(root)
+    except AdapterManifestError as exc:
+        raise AdapterError(str(exc)) from exc
+    if not (root / ADAPTER_WEIGHTS).is_file():
+        raise AdapterError(f"{root}: {ADAPTER_WEIGHTS} missing")
     if fingerprint is not None and manifest.base_fingerprint != fingerprint:
         raise AdapterError(
             f"{root}: trained on base {manifest.base_fingerprint[:12]}..., "
