@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from learner.batch import think_mask
@@ -14,7 +15,7 @@ from learner.bc import behaviour_clone, demo_examples, read_demos, split_heldout
 from learner.errors import DemonstrationError
 from policy.prompt import PromptRenderer
 from runtime.cli import main
-from runtime.config import BCConfig
+from runtime.config import BCConfig, LearnerConfig
 from runtime.messages import encode
 
 
@@ -179,3 +180,55 @@ def test_cli(
         == 2
     )
     assert "bad.jsonl:1" in capsys.readouterr().err
+
+
+def test_stops_at_held_out_targets_and_lora_mode_merges(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    demos = command_task.demos(4, 1.0, seed=3)
+    small = BCConfig(
+        max_steps=50, eval_every_steps=2, batch_size=4, warmup_steps=1, eval_examples=4,
+        heldout_fraction=0.25,
+    )  # fmt: skip
+    seen: list[Any] = []
+
+    def success(model: Any) -> float:
+        seen.append(model)
+        return 0.25 * len(seen)
+
+    report = behaviour_clone(
+        demos,
+        base_model=command_model_dir,
+        out=tmp_path / "s",
+        config=msgspec.structs.replace(small, target_success=0.5),
+        system_prompt=command_task.SYSTEM,
+        evaluate_success=success,
+    )
+    assert (report.steps, report.stop_reason, report.heldout_success) == (4, "target_success", 0.5)
+    assert [h.heldout_success for h in report.history] == [0.25, 0.5]
+
+    report = behaviour_clone(
+        demos,
+        base_model=command_model_dir,
+        out=tmp_path / "a",
+        config=msgspec.structs.replace(small, max_steps=400, target_accuracy=0.5),
+        system_prompt=command_task.SYSTEM,
+    )
+    assert report.stop_reason == "target_accuracy" and report.steps < 400
+    assert report.history[-1].heldout_accuracy >= 0.5
+    assert all(h.heldout_accuracy < 0.5 for h in report.history[:-1])
+
+    report = behaviour_clone(
+        demos,
+        base_model=command_model_dir,
+        out=tmp_path / "l",
+        config=msgspec.structs.replace(small, max_steps=2, mode="lora"),
+        lora=LearnerConfig(lora_rank=4, lora_alpha=8),
+        system_prompt=command_task.SYSTEM,
+    )
+    assert report.mode == "lora" and report.trainable_parameters < report.parameters / 2
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "l" / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and not any("lora" in k for k in keys)  # merged into a plain model
