@@ -7,7 +7,7 @@ Layout of the learner's folder::
         lora.safetensors       trainable (LoRA) weights, exactly as in memory
         optimizer.pt           AdamW state
         scheduler.pt           lr schedule position
-        rng.pt                 torch (CPU and CUDA) and Python RNG states
+        rng.pt                 torch RNG states (CPU and CUDA: LoRA dropout)
         state.json             `LearnerState` (version, step, ledger), written LAST
     consumed.jsonl             journal: one line per group id taken from the stream
 

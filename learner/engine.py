@@ -16,12 +16,16 @@ One update (`Engine.update`):
 
 Learning-rate schedule (per optimizer step): linear warm-up from lr/warmup to lr over
 `warmup_steps`, then constant, or cosine decay to 0 at `total_steps` (`schedule`).
+
+Log-probs are computed from logits divided by the rollouts' sampling `temperature`, so that
+they are those of the distribution the server sampled from (vLLM's processed logprobs);
+top-p truncation is not reproduced, which is one more reason to recompute old log-probs.
+The model is trained in float32; `torch_threads` is applied in every calling thread.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import shutil
 import time
 from collections.abc import Sequence
@@ -127,8 +131,7 @@ class Engine:
         remove_orphan_adapters(
             self.adapters_dir, None if saved is None else saved.state.version, self.prefix
         )
-        torch.manual_seed(self.config.seed)
-        random.seed(self.config.seed)
+        torch.manual_seed(self.config.seed)  # the LoRA init (A) and dropout draw from it
         base = AutoModelForCausalLM.from_pretrained(self.base_model, dtype=torch.float32)
         pad = base.config.pad_token_id
         self._pad_id = int(pad) if isinstance(pad, int) else 0
@@ -177,13 +180,12 @@ class Engine:
             set_peft_model_state_dict(self._model, load_file(str(saved.lora_file)))
             self._optimizer.load_state_dict(torch.load(saved.optimizer_file, weights_only=True))
             self._scheduler.load_state_dict(torch.load(saved.scheduler_file, weights_only=True))
-            rng = torch.load(saved.rng_file, weights_only=False)
+            rng = torch.load(saved.rng_file, weights_only=True)
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"{saved.path}: cannot restore ({exc})") from exc
         torch.set_rng_state(rng["torch"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-        random.setstate(rng["python"])
         self.state = saved.state
         if not self.adapter_path(saved.state.version).is_dir():
             # Only possible if someone removed it: the adapter is saved before the checkpoint.
@@ -224,7 +226,7 @@ class Engine:
             torch.save(optimizer.state_dict(), folder / "optimizer.pt")
             torch.save(scheduler.state_dict(), folder / "scheduler.pt")
             cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-            rng = {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate()}
+            rng = {"torch": torch.get_rng_state(), "cuda": cuda}
             torch.save(rng, folder / "rng.pt")
 
         return write_checkpoint(
