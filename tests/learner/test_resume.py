@@ -97,6 +97,7 @@ def started_version(lines: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # ~40 s on idle cores; five process starts crawl on loaded ones
 def test_sigkill_anywhere_then_restart_loses_and_repeats_nothing(
     tmp_path: Path, tiny_model_dir: Path, make_group: Callable[..., TrajectoryGroup]
 ) -> None:
