@@ -107,7 +107,7 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     heldout_examples: int
     steps: int
     wall_s: float
-    tokens_per_s: float
+    tokens_per_s: float  # training tokens (prompt + completion) forwarded per second
     stop_reason: str
     train_accuracy: float
     heldout_accuracy: float
@@ -283,7 +283,8 @@ def _bc_step(
     pad_id: int,
     device: str,
 ) -> tuple[float, int]:
-    """One optimizer step on a minibatch; returns (loss, trained tokens)."""
+    """One optimizer step on a minibatch; returns (loss, tokens forwarded: prompt and
+    completion, padding excluded)."""
     import torch
 
     model.train()
@@ -296,7 +297,7 @@ def _bc_step(
         loss = -(mb.weights * logp).sum()
         loss.backward()  # type: ignore[no-untyped-call]
         total += float(loss.item())
-        tokens += int((mb.weights > 0).sum())
+        tokens += int(mb.attention_mask.sum())
     params = [p for p in model.parameters() if p.requires_grad]
     torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
     optimizer.step()
@@ -394,6 +395,7 @@ def _train(
     order: list[BCExample] = []
     step = 0
     tokens = 0
+    train_s = 0.0  # time in optimizer steps (evaluations excluded)
     window: list[float] = []
     stop_reason = ""
 
@@ -424,7 +426,9 @@ def _train(
             rng.shuffle(fresh)
             order.extend(fresh)
         batch, order = order[: config.batch_size], order[config.batch_size :]
+        tick = time.monotonic()
         loss, n = _bc_step(model, optimizer, batch, config, pad_id=pad_id, device=device)
+        train_s += time.monotonic() - tick
         scheduler.step()
         step += 1
         tokens += n
@@ -452,7 +456,7 @@ def _train(
         heldout_examples=len(held),
         steps=step,
         wall_s=wall,
-        tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        tokens_per_s=tokens / train_s if train_s > 0 else 0.0,
         stop_reason=stop_reason,
         train_accuracy=final.train_accuracy,
         heldout_accuracy=final.heldout_accuracy,
