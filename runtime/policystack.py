@@ -35,7 +35,7 @@ import anyio
 import httpx
 import structlog
 
-from policy.adapters import AdapterManager, SwapResult, read_manifest
+from policy.adapters import AdapterManager, SwapResult, read_manifest, weights_sha256
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.errors import AdapterManifestError, PolicyError
 from policy.prompt import PromptRenderer
@@ -202,14 +202,7 @@ def _make_zero_adapter(model: str, root: Path, fingerprint: str, learner: Learne
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from learner.lora import (
-        ADAPTER_WEIGHTS,
-        MANIFEST,
-        attach_lora,
-        fsync_dir,
-        fsync_tree,
-        sha256_file,
-    )
+    from learner.lora import ADAPTER_WEIGHTS, MANIFEST, attach_lora, fsync_dir, fsync_tree
     from runtime.messages import AdapterManifest
 
     root.mkdir(parents=True, exist_ok=True)
@@ -233,7 +226,7 @@ def _make_zero_adapter(model: str, root: Path, fingerprint: str, learner: Learne
             version=0,
             base_model=model,
             base_fingerprint=fingerprint,
-            weights_sha256=sha256_file(tmp / ADAPTER_WEIGHTS),
+            weights_sha256=weights_sha256(tmp),
             created_at=time.time(),
             lora_rank=learner.lora_rank,
             lora_alpha=learner.lora_alpha,
