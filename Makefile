@@ -11,9 +11,8 @@ APT_PACKAGES := chromium chromium-headless-shell
 
 .PHONY: run test setup lint typecheck pytest clean-venv
 
-# The main job on the embedded default. Until `webagent train` lands, this is the most
-# complete thing that exists (see README).
-RUN_ARGS ?= config show
+# The main job on the embedded default: online training with no configuration.
+RUN_ARGS ?= train
 
 run: setup
 	$(BIN)/webagent $(RUN_ARGS)

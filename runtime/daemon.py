@@ -158,6 +158,8 @@ class Daemon:
             "stopping": self._stop.is_set(),
             **self.book.summary(),
         }
+        if self._environment is not None:
+            out["sites"] = dict(self._environment.urls)
         if self._stack is not None:
             out["adapters"] = msgspec.to_builtins(self._stack.adapters.statistics())
             out["policy"] = msgspec.to_builtins(self._stack.policy.statistics())
@@ -249,6 +251,8 @@ class Daemon:
                 await self._stop.wait()
                 await self._drain()
                 tg.cancel_scope.cancel()
+            if self.training:
+                await self._draw()  # the curve as the run ended
 
     async def _start_training(
         self, tg: anyio.abc.TaskGroup, env: Environment, pool: BrowserPool, stack: Any
@@ -386,16 +390,18 @@ class Daemon:
                 self._plot_wanted.set()
 
     async def _plots(self) -> None:
-        png = self.run_dir / "learning_curve.png"
-        metrics = self.run_dir / "metrics.jsonl"
         while True:
             await self._plot_wanted.wait()
             self._plot_wanted = anyio.Event()
-            try:
-                await anyio.to_thread.run_sync(plot_learning_curve, metrics, png)
-            except Exception as exc:  # a plot is a report, never a reason to stop training
-                log.warning("daemon.plot_failed", error=repr(exc))
+            await self._draw()
             await anyio.sleep(_PLOT_EVERY_S)
+
+    async def _draw(self) -> None:
+        png = self.run_dir / "learning_curve.png"
+        try:
+            await anyio.to_thread.run_sync(plot_learning_curve, self.run_dir / "metrics.jsonl", png)
+        except Exception as exc:  # a plot is a report, never a reason to stop training
+            log.warning("daemon.plot_failed", error=repr(exc))
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -1,0 +1,306 @@
+"""The daemon end to end, as a user runs it: `webagent train` and `webagent serve` as real
+processes, on the built-in sites, with a real vLLM-CPU server and real Chromium.
+
+The policy is the tiny model behaviour-cloned for a few dozen steps on two one-step
+tasks (report a product's SKU from its page): right most of the time at temperature 1,
+so groups have mixed rewards and M-GRPO has something to train on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.browser]
+
+ROOT = Path(__file__).resolve().parents[2]
+WEBAGENT = [sys.executable, "-m", "runtime.cli", "--log-format", "json"]
+TOKEN = "test-token-7f3a"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _run(args: list[str], *, timeout: float, log: Path) -> subprocess.CompletedProcess[str]:
+    with log.open("a") as out:
+        return subprocess.run(
+            [*WEBAGENT, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
+            timeout=timeout, cwd=ROOT, check=False,
+        )  # fmt: skip
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl so far (a line being written right now is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _log_lines(log: Path, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text().splitlines():
+        if f'"{event}"' in line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Task folder + BC model: the two one-step SKU tasks of the built-in suite."""
+    from learner.bc import behaviour_clone
+    from runtime.config import BCConfig
+    from runtime.messages import encode_tasks
+    from sites.builtin import generate_suite, plan_for
+
+    root = tmp_path_factory.mktemp("daemon")
+    tasks = [t for t in generate_suite(0)["train"] if "SKU" in t.intent][:2]
+    assert all(len(plan_for(t)) == 1 for t in tasks)
+    folder = root / "tasks"
+    folder.mkdir()
+    for split in ("train", "test", "ood"):
+        (folder / f"{split}.json").write_bytes(encode_tasks(tasks))
+    (root / "base.toml").write_text(
+        f'[sites]\ntasks = "{folder}"\n[observation]\nstyle = "compact"\n'
+    )
+    demos = root / "demos.jsonl"
+    done = _run(
+        ["demos", "--config", str(root / "base.toml"), "--out", str(demos)],
+        timeout=120,
+        log=root / "demos.log",
+    )
+    assert done.returncode == 0, (root / "demos.log").read_text()[-2000:]
+    bc = root / "bc"
+    report = behaviour_clone(
+        demos,
+        base_model=tiny_model,
+        out=bc,
+        heldout=demos,  # stop as soon as both demonstrated actions are right
+        config=BCConfig(max_steps=100, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
+                        warmup_steps=5, eval_every_steps=10, target_accuracy=1.0,
+                        torch_threads=1),
+    )  # fmt: skip
+    assert report.train_accuracy >= 0.5, report
+    yield root
+
+
+def _config(root: Path, run_dir: Path, *, port: int) -> Path:
+    path = run_dir.parent / f"{run_dir.name}.toml"
+    path.write_text(
+        f"""
+[sites]
+tasks = "{root / "tasks"}"
+[observation]
+style = "compact"
+[policy]
+model = "{root / "bc"}"
+max_model_len = 2048
+max_tokens = 64
+startup_timeout_s = 600.0
+[scheduler]
+group_size = 4
+max_groups_in_flight = 1
+max_episodes_in_flight = 8
+max_turns = 2
+stream_buffer = 0
+[learner]
+batch_groups = 1
+learning_rate = 1e-4
+torch_threads = 1
+[daemon]
+run_dir = "{run_dir}"
+data_dir = "{root / "data"}"
+eval_every = 0
+drain_timeout_s = 20.0
+[endpoint]
+port = {port}
+token = "{TOKEN}"
+"""
+    )
+    return path
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_train_publishes_swaps_resumes_and_survives_sigkill(sku_model: Path) -> None:
+    root = sku_model
+    run_dir = root / "train-run"
+    config = _config(root, run_dir, port=_free_port())
+    log = root / "train.log"
+
+    # 1. Three updates, then a graceful stop.
+    first = _run(["train", "--config", str(config), "--max-updates", "3"], timeout=600, log=log)
+    assert first.returncode == 0, log.read_text()[-3000:]
+    events = _events(run_dir)
+    published = [e["version"] for e in events if e["event"] == "AdapterPublished"]
+    swapped = [e["name"] for e in events if e["event"] == "AdapterSwapped"]
+    assert published[:4] == [0, 1, 2, 3]
+    assert swapped[:4] == ["policy@v0", "policy@v1", "policy@v2", "policy@v3"]
+    versions_used = {
+        turn["adapter_version"]
+        for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+        for traj in json.loads(line)["trajectories"]
+        for turn in traj["turns"]
+    }
+    assert versions_used & {1, 2}, "no turn was served by a new adapter"
+    assert (run_dir / "learning_curve.png").stat().st_size > 10_000
+    assert (run_dir / "config.toml").is_file()
+    trained_first = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
+
+    # 2. The same command again resumes at v3; SIGKILL it once v4 is published.
+    log.write_text("")
+    with log.open("a") as out:
+        proc = subprocess.Popen(
+            [*WEBAGENT, "train", "--config", str(config), "--max-updates", "6"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        children: set[int] = set()
+        deadline = 600.0
+        start = time.monotonic()
+        while time.monotonic() - start < deadline:
+            children |= {p.pid for p in _descendants(proc.pid)}
+            versions = [e["version"] for e in _events(run_dir) if e["event"] == "AdapterPublished"]
+            if 4 in versions:
+                break
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        else:
+            raise AssertionError("v4 was never published")
+        started = _log_lines(log, "learner.started")
+        assert started and started[0]["version"] == 3
+        children |= {p.pid for p in _descendants(proc.pid)}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    _, alive = psutil.wait_procs(
+        [psutil.Process(p) for p in children if psutil.pid_exists(p)], timeout=30
+    )
+    assert not alive, f"left running after SIGKILL: {[p.cmdline()[:3] for p in alive]}"
+    trained_second = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
+
+    # 3. Restart after the kill: resumes at the checkpointed version, trains no group twice.
+    log.write_text("")
+    third = _run(["train", "--config", str(config), "--max-updates", "1"], timeout=600, log=log)
+    assert third.returncode == 0, log.read_text()[-3000:]
+    resumed = _log_lines(log, "learner.started")[0]["version"]
+    assert resumed >= 4
+    trained_third = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
+    everything = trained_first + trained_second + trained_third
+    assert len(everything) == len(set(everything)), "a group was trained twice"
+
+
+def _curl_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+    found = [b for b in blocks if "$WEBAGENT_URL" in b]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_serve_endpoint_control_api_readme_and_sigterm_drain(sku_model: Path) -> None:
+    root = sku_model
+    run_dir = root / "serve-run"
+    port = _free_port()
+    config = _config(root, run_dir, port=port)
+    text = config.read_text().replace("[learner]\n", "[learner]\nenabled = false\n")
+    text = text.replace(f'token = "{TOKEN}"', f'token = "{TOKEN}"\nmax_runs = 1')
+    config.write_text(text)
+    log = root / "serve.log"
+    with log.open("a") as out:
+        proc = subprocess.Popen(
+            [*WEBAGENT, "serve", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            start = time.monotonic()
+            while True:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() - start < 600, "the daemon never became healthy"
+                time.sleep(0.5)
+            status = http.get("/status", headers=auth).json()
+            assert status["mode"] == "serving"
+            shopping = status["sites"]["SHOPPING"]
+
+            # Auth: no token, wrong token.
+            assert http.get("/status").status_code == 401
+            assert http.get("/status", headers={"Authorization": "Bearer x"}).status_code == 401
+
+            # The README's curl block, as written.
+            env = {**os.environ, "WEBAGENT_URL": url, "WEBAGENT_TOKEN": TOKEN, "SHOPPING": shopping}
+            curl = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", _curl_block()],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert curl.returncode == 0, curl.stderr[-2000:]
+            assert "event: turn" in curl.stdout and "event: end" in curl.stdout
+            assert '"paused":true' in curl.stdout.replace(" ", "")
+            assert "webagent_runs_total" in curl.stdout
+
+            # 422 names the field; 429 when the one run slot is busy.
+            bad = http.post("/v1/runs", headers=auth, json={"intent": "x", "start_url": "ftp://a"})
+            assert bad.status_code == 422 and bad.json()["field"] == "start_url"
+            body = {
+                "intent": "What is the SKU of Hartwell Modern Cutting Board?",
+                "start_url": f"{shopping}/",
+                "max_turns": 30,
+            }
+            first = http.post("/v1/runs", headers=auth, json=body)
+            assert first.status_code == 202
+            second = http.post("/v1/runs", headers=auth, json=body)
+            assert second.status_code == 429 and int(second.headers["Retry-After"]) >= 1
+            pinned = http.post("/v1/runs", headers=auth, json={**body, "adapter": "policy@v9"})
+            assert pinned.status_code == 422 and pinned.json()["field"] == "adapter"
+
+            # SIGTERM with a run in flight: drains, exits 0, leaves nothing running.
+            children = _descendants(proc.pid)
+            assert any("vllm" in " ".join(p.cmdline()) for p in children)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
+    assert _log_lines(log, "daemon.stopped")[0]["reason"] == "SIGTERM"
