@@ -65,9 +65,10 @@ class Ledger(msgspec.Struct, kw_only=True):
     trained: dict[str, int] = {}  # group id -> the version its update produced
     stale: list[str] = []
     zero_variance: list[str] = []
+    failed: list[str] = []  # fewer than two evaluated trajectories (infrastructure failures)
 
     def handled(self) -> set[str]:
-        return set(self.trained) | set(self.stale) | set(self.zero_variance)
+        return set(self.trained) | set(self.stale) | set(self.zero_variance) | set(self.failed)
 
 
 class LearnerState(msgspec.Struct, kw_only=True):

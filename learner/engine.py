@@ -305,6 +305,7 @@ class Engine:
             trained=trained,
             stale=[*self.state.ledger.stale, *set_aside.stale],
             zero_variance=[*self.state.ledger.zero_variance, *set_aside.zero_variance],
+            failed=[*self.state.ledger.failed, *set_aside.failed],
         )
         previous = self.state
         self.state = LearnerState(

@@ -9,6 +9,9 @@
    layer's hot-swap) and report `task_status.started(version)`;
 3. for each group received: journal its id (fsynced), then
    - a group already seen (trained, set aside, or queued) is skipped (`duplicates`);
+   - trajectories that ended by an infrastructure failure (`interrupted`, `error:*`: not in
+     `EVALUATED_STATUSES`) are dropped from their group, since their reward says nothing
+     about the policy; a group left with fewer than two is set aside (`failed`);
    - a group whose oldest turn was made by a version more than `max_staleness` behind
      the current one is dropped (`stale`); a turn without a version (-1) counts as
      infinitely old;
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -43,7 +47,13 @@ from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
 from learner.loss import is_zero_variance
 from runtime.config import LearnerConfig
-from runtime.messages import AdapterPublished, Event, TrajectoryGroup, UpdateApplied
+from runtime.messages import (
+    EVALUATED_STATUSES,
+    AdapterPublished,
+    Event,
+    TrajectoryGroup,
+    UpdateApplied,
+)
 
 __all__ = ["Learner", "LearnerStatistics", "ReadGroups"]
 
@@ -67,6 +77,8 @@ class LearnerStatistics:
     groups_trained: int
     groups_stale: int
     groups_zero_variance: int
+    groups_failed: int
+    trajectories_dropped: int
     groups_duplicate: int
     groups_queued: int
     groups_resumed: int
@@ -106,6 +118,7 @@ class Learner:
         self._journal = ConsumedJournal(self.out_dir / "consumed.jsonl")
         self._queue: list[TrajectoryGroup] = []
         self._set_aside = Ledger()
+        self._set_aside_dropped = 0  # trajectories dropped since the last update
         self._seen: set[str] = set()
         self._limiter = anyio.CapacityLimiter(1)
         self._updating = False
@@ -114,6 +127,8 @@ class Learner:
         self._trained = 0
         self._stale = 0
         self._zero_variance = 0
+        self._failed = 0
+        self._dropped = 0  # trajectories, over all groups
         self._duplicate = 0
         self._resumed = 0
         self._last_update_s = 0.0
@@ -138,6 +153,8 @@ class Learner:
             groups_trained=self._trained,
             groups_stale=self._stale,
             groups_zero_variance=self._zero_variance,
+            groups_failed=self._failed,
+            trajectories_dropped=self._dropped,
             groups_duplicate=self._duplicate,
             groups_queued=len(self._queue),
             groups_resumed=self._resumed,
@@ -208,6 +225,22 @@ class Learner:
 
     def _classify(self, group: TrajectoryGroup) -> None:
         self._seen.add(group.group_id)
+        evaluated = [t for t in group.trajectories if t.status in EVALUATED_STATUSES]
+        dropped = len(group.trajectories) - len(evaluated)
+        if dropped:
+            self._dropped += dropped
+            self._set_aside_dropped += dropped
+            log.info(
+                "learner.dropped_trajectories",
+                group_id=group.group_id,
+                dropped=dropped,
+                statuses=sorted({t.status for t in group.trajectories} - EVALUATED_STATUSES),
+            )
+            if len(evaluated) < 2:
+                self._failed += 1
+                self._set_aside.failed.append(group.group_id)
+                return
+            group = msgspec.structs.replace(group, trajectories=evaluated)
         versions = [t.adapter_version for tr in group.trajectories for t in tr.turns]
         oldest = min(versions, default=-1)
         if oldest < 0 or self.version - oldest > self.config.max_staleness:
@@ -238,6 +271,7 @@ class Learner:
         batch = self._queue[: self.config.batch_groups]
         set_aside = self._set_aside
         stale, zero = len(set_aside.stale), len(set_aside.zero_variance)
+        failed, dropped = len(set_aside.failed), self._set_aside_dropped
         started = time.perf_counter()
         log.debug("learner.update_started", version=self.version, groups=len(batch))
         self._updating = True
@@ -249,6 +283,7 @@ class Learner:
             self._updating = False
         del self._queue[: len(batch)]
         self._set_aside = Ledger()
+        self._set_aside_dropped = 0
         self._updates += 1
         self._trained += len(batch)
         metrics = dict(result.metrics)
@@ -261,6 +296,8 @@ class Learner:
                 groups_trained=len(batch),
                 groups_stale=stale,
                 groups_zero_variance=zero,
+                groups_failed=failed,
+                trajectories_dropped=dropped,
                 metrics=metrics,
             )
         )

@@ -47,6 +47,7 @@ from runtime.errors import (
 )
 from runtime.logs import bind_ids
 from runtime.messages import (
+    EVALUATED_STATUSES,
     Action,
     EpisodeFinished,
     EpisodeStarted,
@@ -70,7 +71,7 @@ __all__ = ["EVALUATED", "Episode", "EpisodeSettings", "Gate"]
 log = structlog.get_logger("runtime.episode")
 
 # Statuses whose reward comes from the evaluators (the policy's own endings).
-EVALUATED = frozenset({"exited", "max_turns", "parse_failures", "repeated_actions"})
+EVALUATED = EVALUATED_STATUSES
 
 
 @dataclass(frozen=True, slots=True)

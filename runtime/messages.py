@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 __all__ = [
+    "EVALUATED_STATUSES",
     "Action",
     "AdapterManifest",
     "AdapterPublished",
@@ -287,6 +288,11 @@ class Turn(_Msg, frozen=True):
 
 TrajectoryStatus = str  # "exited" | "max_turns" | "interrupted" | "error:<kind>"
 
+# Statuses whose episode ended by the policy's own doing: they are evaluated and their
+# reward is a fact about the policy. Any other ("interrupted", "error:*") is a failure
+# of the infrastructure; its reward says nothing, and the learner does not train on it.
+EVALUATED_STATUSES = frozenset({"exited", "max_turns", "parse_failures", "repeated_actions"})
+
 
 class Trajectory(_Msg, frozen=True):
     """One episode of a task, from the first observation to the reward."""
@@ -454,6 +460,10 @@ class UpdateApplied(_Event, frozen=True):
     groups_trained: int
     groups_stale: int = 0
     groups_zero_variance: int = 0
+    # Groups left with fewer than two evaluated trajectories once those that ended by an
+    # infrastructure failure (interrupted, error:*) were dropped; and how many were dropped.
+    groups_failed: int = 0
+    trajectories_dropped: int = 0
     metrics: dict[str, float] = {}
 
 

@@ -76,6 +76,8 @@ class MetricsBook:
                 self.counts["groups_trained"] += event.groups_trained
                 self.counts["groups_stale"] += event.groups_stale
                 self.counts["groups_zero_variance"] += event.groups_zero_variance
+                self.counts["groups_failed"] += event.groups_failed
+                self.counts["trajectories_dropped"] += event.trajectories_dropped
                 self.last_update = dict(event.metrics)
                 self.adapter_version = max(self.adapter_version, version)
             case AdapterPublished(version=version):
@@ -104,6 +106,8 @@ class MetricsBook:
                 "trained": self.counts["groups_trained"],
                 "stale": self.counts["groups_stale"],
                 "zero_variance": self.counts["groups_zero_variance"],
+                "failed": self.counts["groups_failed"],
+                "trajectories_dropped": self.counts["trajectories_dropped"],
             },
             "last_swap_s": self.last_swap_s,
             "last_update": self.last_update,
@@ -130,6 +134,8 @@ class MetricsBook:
             "groups_trained",
             "groups_stale",
             "groups_zero_variance",
+            "groups_failed",
+            "trajectories_dropped",
             "adapter_swaps",
         ):
             metric(f"{name}_total", "counter", [("", self.counts[name])])

@@ -292,3 +292,45 @@ async def test_restart_requeues_consumed_groups(
                 read_groups=read_groups,
             )
         )
+
+
+def _fail(grp: TrajectoryGroup, index: int, status: str) -> TrajectoryGroup:
+    """`grp` with trajectory `index` ended by an infrastructure failure `status`."""
+    trajs = list(grp.trajectories)
+    trajs[index] = msgspec.structs.replace(trajs[index], status=status)
+    return msgspec.structs.replace(grp, trajectories=trajs)
+
+
+@pytest.mark.anyio
+async def test_infrastructure_failures_are_dropped_before_advantages(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    learner = Learner(
+        CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish, emit=rec.emit
+    )
+    # "a": the failed trajectory has reward 0 next to a 1 and a 0: kept, it would change
+    # every advantage. "lone": one evaluated trajectory left: no group to compare within.
+    # "all_zero_once_dropped": [1 (interrupted), 0, 0] is zero-variance without the failure.
+    a = _fail(group(make_group, 1, "a", [1, 0, 0], 0), 2, "error:browser")
+    lone = _fail(group(make_group, 2, "lone", [1, 0], 0), 1, "interrupted")
+    zero = _fail(group(make_group, 3, "all_zero_once_dropped", [1, 0, 0], 0), 0, "interrupted")
+    b = group(make_group, 4, "b", [0, 1], 0)
+    await feed(learner, [a, lone, zero, b])
+    updates = [e for e in rec.events if isinstance(e, UpdateApplied)]
+    assert len(updates) == 1
+    update = updates[0]
+    assert (update.groups_trained, update.groups_failed, update.groups_zero_variance) == (2, 1, 1)
+    assert update.trajectories_dropped == 3
+    # only the evaluated trajectories' turns were trained: one sample per turn
+    kept_turns = sum(len(t.turns) for t in a.trajectories[:2]) + sum(
+        len(t.turns) for t in b.trajectories
+    )
+    assert update.metrics["samples"] == kept_turns
+    stats = learner.statistics()
+    assert (stats.groups_failed, stats.trajectories_dropped) == (1, 3)
+    saved = latest_checkpoint(tmp_path / "checkpoints")
+    assert saved is not None
+    assert saved.state.ledger.failed == ["lone"]
+    assert saved.state.ledger.zero_variance == ["all_zero_once_dropped"]
+    assert saved.state.ledger.trained == {"a": 1, "b": 1}

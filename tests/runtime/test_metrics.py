@@ -40,6 +40,8 @@ def _events() -> list:  # type: ignore[type-arg]
                 step=version,
                 groups_trained=1,
                 groups_stale=1,
+                groups_failed=1,
+                trajectories_dropped=2,
                 metrics={"loss": 0.5},
             )
         )
@@ -62,7 +64,14 @@ def test_book_folds_events_and_logs_them(tmp_path: Path) -> None:
     assert summary["adapter_version"] == 3
     assert summary["updates"] == 3
     assert summary["recent_success"] == pytest.approx(0.5)
-    assert summary["groups"] == {"received": 3, "trained": 3, "stale": 3, "zero_variance": 0}
+    assert summary["groups"] == {
+        "received": 3,
+        "trained": 3,
+        "stale": 3,
+        "zero_variance": 0,
+        "failed": 3,
+        "trajectories_dropped": 6,
+    }
     assert summary["eval_success"] == {"test": pytest.approx(0.3)}
     assert summary["faults"] == {"browser": 1}
     assert read_events(path) == _events()
