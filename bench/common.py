@@ -44,6 +44,8 @@ __all__ = [
     "percentile",
     "pss_bytes",
     "pss_tree",
+    "tiny_model",
+    "with_style",
     "write_result",
 ]
 
@@ -220,6 +222,9 @@ def machine_info(load: LoadSampler | None = None) -> dict[str, Any]:
 def command_line(argv: Sequence[str] | None = None) -> str:
     """How this benchmark was started, as a shell command from the repository root."""
     args = list(sys.argv if argv is None else argv)
+    script = Path(args[0]) if args else Path()
+    if script.suffix == ".py" and script.resolve().parent == Path(__file__).resolve().parent:
+        args = ["-m", f"bench.{script.stem}", *args[1:]]  # how the benchmarks are run
     return shlex.join([".venv/bin/python", *args])
 
 
@@ -258,6 +263,28 @@ def write_result(
         os.fsync(handle.fileno())
     tmp.replace(path)
     return path
+
+
+def tiny_model(out: str | Path, seed: int = 0) -> Path:
+    """The tiny model (`webagent model init`), made once under `{out}/cache/tiny-{seed}`."""
+    folder = Path(out) / "cache" / f"tiny-{seed}"
+    if not (folder / "config.json").is_file():
+        import anyio
+
+        from runtime.modelinit import init_tiny_model
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        anyio.run(lambda: init_tiny_model(folder, seed=seed, overwrite=True))
+    return folder
+
+
+def with_style(config: Any, style: str) -> Any:
+    """`config` (a runtime Config) with a concrete observation style ("html"/"compact"):
+    the oracle reads the observation in the style it is rendered in."""
+    import msgspec
+
+    observation = msgspec.structs.replace(config.observation, style=style)
+    return msgspec.structs.replace(config, observation=observation)
 
 
 def load_note(load: LoadSampler) -> str:

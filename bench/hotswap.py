@@ -1,6 +1,6 @@
 """Adapter hot-swap under load: publish-to-serving latency and throughput around swaps.
 
-    .venv/bin/python bench/hotswap.py [--model DIR | --url URL] [--concurrency 16]
+    .venv/bin/python -m bench.hotswap [--model DIR | --url URL] [--concurrency 16]
                                       [--swaps 10] [--out bench/out]
 
 16 workers (`--concurrency`) send greedy turns through `VLLMPolicy` back to back while
@@ -183,10 +183,10 @@ async def run(args: argparse.Namespace, model: Path, work: Path) -> dict[str, ob
             t_end = time.monotonic()
             stats = manager.statistics()
 
-    for swap in swaps:
-        name = f"policy@v{int(swap['version'])}"
-        firsts = [s.end for s in samples if s.adapter == name and s.end >= swap["start"]]
-        swap["first_response_s"] = min(firsts) - swap["start"] if firsts else float("nan")
+    for entry in swaps:
+        name = f"policy@v{int(entry['version'])}"
+        firsts = [s.end for s in samples if s.adapter == name and s.end >= entry["start"]]
+        entry["first_response_s"] = min(firsts) - entry["start"] if firsts else float("nan")
 
     phases = {
         "before": (t_begin, t_during),

@@ -1,6 +1,6 @@
 """Rollout throughput with the oracle policy: our runtime against a baseline and the limit.
 
-    .venv/bin/python bench/rollout.py [--levels 1,4,16,32,64] [--repeats 2]
+    .venv/bin/python -m bench.rollout [--levels 1,4,16,32,64] [--repeats 2]
                                       [--min-episodes 16] [--group-size 4]
                                       [--baseline-sleep-s 0.5] [--baseline-episodes 6]
                                       [--out bench/out]
@@ -41,9 +41,17 @@ from typing import Any
 
 import anyio
 import msgspec
-from common import LoadSampler, format_table, load_note, median, percentile, write_result
 from playwright.async_api import Page, async_playwright
 
+from bench.common import (
+    LoadSampler,
+    format_table,
+    load_note,
+    median,
+    percentile,
+    with_style,
+    write_result,
+)
 from policy.prompt import build_messages
 from runtime.actions import parse_completion
 from runtime.browser import CHROMIUM_ARGS, BrowserPool, find_chromium
@@ -335,7 +343,7 @@ async def run_limit(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    config = load_config(args.config)
+    config = with_style(load_config(args.config), args.style)
     levels = [int(x) for x in args.levels.split(",")]
     out: dict[str, Any] = {"levels": {}}
     async with open_environment(config) as env:
@@ -419,6 +427,9 @@ def _table(result: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="TOML file over the defaults")
+    parser.add_argument(
+        "--style", default="html", choices=("html", "compact"), help="observation style"
+    )
     parser.add_argument("--levels", default="1,4,16,32,64", help="concurrency levels")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=16, help="first N test tasks, cycled")

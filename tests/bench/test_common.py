@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import common
 import pytest
+
+from bench import common
 
 
 def test_median_and_percentile() -> None:
@@ -82,12 +83,13 @@ def test_write_result_holds_machine_command_and_table(tmp_path: Path) -> None:
         table={"title": "t", "headers": ["a"], "rows": [[1]]},
         notes=["n1"],
         load=load,
-        argv=["bench/demo.py", "--x", "a b"],
+        argv=[str(Path(common.__file__).with_name("demo.py")), "--x", "a b"],
     )
     assert path.parent == tmp_path / "out" and path.name.startswith("demo-")
     record = json.loads(path.read_text())
     assert record["bench"] == "demo" and record["raw"] == [1, 2]
-    assert record["command"] == ".venv/bin/python bench/demo.py --x 'a b'"
+    assert record["command"] == ".venv/bin/python -m bench.demo --x 'a b'"
+    assert common.command_line(["/elsewhere/x.py", "-q"]) == ".venv/bin/python /elsewhere/x.py -q"
     assert record["machine"]["cpus"] == os.cpu_count()
     assert record["machine"]["cpu_model"] == common.cpu_model()
     assert "load_during_mean" in record["machine"]

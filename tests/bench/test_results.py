@@ -6,14 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-import results
+
+from bench import results
 
 
 def _record(folder: Path, name: str, rows: list[list[object]], **extra: object) -> Path:
     path = folder / name
     record = {
         "bench": name.split("-", maxsplit=1)[0],
-        "command": f".venv/bin/python bench/{name.split('-', maxsplit=1)[0]}.py --fast",
+        "command": f".venv/bin/python -m bench.{name.split('-', maxsplit=1)[0]} --fast",
         "machine": {"cpus": 2, "cpu_model": "AMD EPYC", "load_during_mean": 3.5},
         "table": {"title": "T", "headers": ["level", "x|y"], "rows": rows},
         "notes": ["ratio 2.0"],
@@ -44,7 +45,7 @@ def test_render_orders_sections_and_escapes_cells(tmp_path: Path) -> None:
     assert text.index("### rollout") < text.index("### pipeline") < text.index("### zzz")
     assert "| level | x\\|y |" in text
     assert "| async | 12.3 |" in text and "| a\\|b | n/a |" in text
-    assert "- reproduce: `.venv/bin/python bench/rollout.py --fast`" in text
+    assert "- reproduce: `.venv/bin/python -m bench.rollout --fast`" in text
     assert "2 CPUs (AMD EPYC)" in text and "mean 3.5" in text
     assert "- ratio 2.0" in text
 
@@ -73,7 +74,7 @@ def test_older_hotswap_record_gets_a_table(tmp_path: Path) -> None:
     text = results.render(tmp_path)
     assert "| during | 10.0 | 100 | 10.0 | 160 | 0 | 0 | 1 |" in text
     assert "publish (call -> routed) median 50 ms" in text
-    assert "reproduce: `.venv/bin/python bench/hotswap.py`" in text
+    assert "reproduce: `.venv/bin/python -m bench.hotswap`" in text
 
 
 def test_replace_section_touches_only_the_markers(tmp_path: Path) -> None:
