@@ -50,6 +50,8 @@ from learner.errors import DemonstrationError, LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
 from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages
+from policy.prompt import system_prompt as named_prompt
+from policy.tiny import model_profile
 from runtime.config import BCConfig, LearnerConfig
 from runtime.messages import ChatMessage, TrajectoryGroup, decode_group
 
@@ -88,10 +90,16 @@ class BCEval(msgspec.Struct, frozen=True, kw_only=True):
     """One evaluation point."""
 
     step: int
-    wall_s: float
+    wall_s: float  # since the start, evaluations included
+    train_s: float  # in optimizer steps only
+    tokens: int  # forwarded in training so far (prompt + completion)
     loss: float
-    train_accuracy: float
+    train_accuracy: float  # per turn, teacher-forced exact action
     heldout_accuracy: float
+    # Episodes whose every turn is right under teacher forcing: on the deterministic
+    # built-in sites, an upper bound of closed-loop success (a wrong turn ends it).
+    train_episode_accuracy: float
+    heldout_episode_accuracy: float
     heldout_success: float | None = None
 
 
@@ -111,6 +119,7 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     stop_reason: str
     train_accuracy: float
     heldout_accuracy: float
+    heldout_episode_accuracy: float
     heldout_success: float | None = None
     history: list[BCEval] = []
 
@@ -257,21 +266,42 @@ def _forward(model: Any, mb: MicroBatch) -> Any:
 
 def _accuracy(
     model: Any, examples: Sequence[BCExample], budget: int, pad_id: int, device: str
-) -> float:
-    """Share of examples whose action tokens are all the argmax under teacher forcing."""
+) -> tuple[float, float]:
+    """(share of turns, share of episodes) whose action tokens are all the argmax under
+    teacher forcing; an episode counts when every one of its turns does."""
     import torch
 
     if not examples:
-        return float("nan")
-    correct = 0
+        return float("nan"), float("nan")
+    hits: list[bool] = []
     model.eval()
     with torch.no_grad():
         for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
             mb = collate(mb_samples, pad_id=pad_id).to(device)
             hit = _forward(model, mb).argmax(-1) == mb.targets
             scored = mb.weights > 0
-            correct += int((hit | ~scored).all(dim=1).sum())
-    return correct / len(examples)
+            hits.extend(bool(h) for h in (hit | ~scored).all(dim=1).tolist())
+    episodes: dict[str, bool] = {}
+    for example, ok in zip(examples, hits, strict=True):
+        episodes[example.episode_id] = episodes.get(example.episode_id, True) and ok
+    return sum(hits) / len(hits), sum(episodes.values()) / len(episodes)
+
+
+def _whole_episodes(
+    examples: Sequence[BCExample], turns: int, rng: random.Random
+) -> list[BCExample]:
+    """A seeded sample of whole episodes holding about `turns` turns."""
+    by_episode: dict[str, list[BCExample]] = {}
+    for example in examples:
+        by_episode.setdefault(example.episode_id, []).append(example)
+    keys = sorted(by_episode)
+    rng.shuffle(keys)
+    picked: list[BCExample] = []
+    for key in keys:
+        if len(picked) >= turns:
+            break
+        picked.extend(by_episode[key])
+    return picked
 
 
 def _bc_step(
@@ -313,11 +343,14 @@ def behaviour_clone(
     lora: LearnerConfig = LearnerConfig(),
     heldout: str | Path | Sequence[TrajectoryGroup] | None = None,
     keep_thoughts: bool = False,
-    system_prompt: str = SYSTEM_PROMPT,
+    system_prompt: str | None = None,
     evaluate_success: Callable[[Any], float] | None = None,
     overwrite: bool = False,
 ) -> BCReport:
     """Train on the demonstrations and write the BC checkpoint to `out` (see module doc).
+
+    `system_prompt` None: the one the base model is made for (`policy.tiny.model_profile`),
+    which rollouts of the checkpoint will send.
 
     `evaluate_success(model)` (optional) returns held-out episode success of the torch
     model at each evaluation; it enables `config.target_success`.
@@ -327,6 +360,8 @@ def behaviour_clone(
         raise LearnerError(f"{target} exists (pass overwrite to replace it)")
     if config.max_steps == 0 and config.max_minutes == 0:
         raise LearnerError("BC needs a bound: bc.max_steps or bc.max_minutes")
+    if system_prompt is None:
+        system_prompt = named_prompt(model_profile(base_model).system_prompt)
     renderer = PromptRenderer.from_model(base_model)
     groups = read_demos(demos) if isinstance(demos, (str, Path)) else list(demos)
     examples = demo_examples(
@@ -388,8 +423,8 @@ def _train(
         lambda s: lr_factor(s, warmup=config.warmup_steps, schedule="constant", total=0),
     )
     score_rng = random.Random(config.seed + 1)
-    held_eval = score_rng.sample(held, min(len(held), config.eval_examples))
-    train_eval = score_rng.sample(train, min(len(train), config.eval_examples))
+    held_eval = _whole_episodes(held, config.eval_examples, score_rng)
+    train_eval = _whole_episodes(train, config.eval_examples, score_rng)
     history: list[BCEval] = []
     started = time.monotonic()
     order: list[BCExample] = []
@@ -401,12 +436,19 @@ def _train(
 
     def evaluate() -> BCEval:
         success = None if evaluate_success is None else float(evaluate_success(model.eval()))
+        budget = config.micro_batch_tokens
+        train_turns, train_episodes = _accuracy(model, train_eval, budget, pad_id, device)
+        held_turns, held_episodes = _accuracy(model, held_eval, budget, pad_id, device)
         point = BCEval(
             step=step,
             wall_s=time.monotonic() - started,
+            train_s=train_s,
+            tokens=tokens,
             loss=sum(window) / len(window) if window else math.nan,
-            train_accuracy=_accuracy(model, train_eval, config.micro_batch_tokens, pad_id, device),
-            heldout_accuracy=_accuracy(model, held_eval, config.micro_batch_tokens, pad_id, device),
+            train_accuracy=train_turns,
+            heldout_accuracy=held_turns,
+            train_episode_accuracy=train_episodes,
+            heldout_episode_accuracy=held_episodes,
             heldout_success=success,
         )
         window.clear()
@@ -460,6 +502,7 @@ def _train(
         stop_reason=stop_reason,
         train_accuracy=final.train_accuracy,
         heldout_accuracy=final.heldout_accuracy,
+        heldout_episode_accuracy=final.heldout_episode_accuracy,
         heldout_success=final.heldout_success,
         history=history,
     )

@@ -29,10 +29,12 @@ from runtime.messages import ChatMessage
 
 __all__ = [
     "COMPRESSED_OBSERVATION",
+    "SHORT_SYSTEM_PROMPT",
     "SYSTEM_PROMPT",
     "PromptRenderer",
     "build_messages",
     "strip_thought",
+    "system_prompt",
     "user_message",
 ]
 
@@ -65,6 +67,26 @@ exit(message="ANSWER")
 
 Type replaces the text of a field; Search types and presses Enter. Use exit when the task
 is done; its message is your answer (leave it empty if the task asks for no answer)."""
+
+# For tiny models made here (issue 8): the same contract in a few tokens. The long prompt
+# costs ~250 tokens per turn, which a model that never saw English cannot use anyway.
+SHORT_SYSTEM_PROMPT = """\
+Web agent. Reply <think>..</think><answer>ACTION</answer>; ACTION is a do(...) action on an
+element id, or exit(message="ANSWER")."""
+
+
+def system_prompt(name: str) -> str:
+    """The system prompt called `name`: "full" (WebAgent-R1's) or "short" (tiny models)."""
+    prompts = {"full": SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
+    if name == "auto":
+        raise ValueError(
+            'policy.system_prompt "auto" is settled against the model before episodes run '
+            "(runtime.modelinit.resolve_profile)"
+        )
+    if name not in prompts:
+        raise ValueError(f"unknown system prompt {name!r}: expected one of {sorted(prompts)}")
+    return prompts[name]
+
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 

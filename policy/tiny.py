@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
-from policy.prompt import COMPRESSED_OBSERVATION, SYSTEM_PROMPT
+from policy.prompt import COMPRESSED_OBSERVATION, SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -33,11 +33,14 @@ __all__ = [
     "EOS_TOKEN",
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
+    "TINY_PROFILE",
+    "ModelProfile",
     "TinyModelInfo",
     "TinyModelSpec",
     "TokenizerRecipe",
     "base_corpus",
     "make_tiny_model",
+    "model_profile",
     "train_tokenizer",
 ]
 
@@ -99,6 +102,32 @@ class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     split: Literal["qwen2", "words"] = "qwen2"
 
 
+class ModelProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a model reads its turns: the observation style and the system prompt.
+
+    A tiny model made here is trained and served with the compact observation and the
+    short prompt (issue 8); any other model gets WebAgent-R1's HTML and full prompt.
+    """
+
+    observation_style: Literal["html", "compact"] = "html"
+    system_prompt: Literal["full", "short"] = "full"
+
+
+TINY_PROFILE = ModelProfile(observation_style="compact", system_prompt="short")
+
+
+def model_profile(model: str | Path) -> ModelProfile:
+    """The profile of `model` (a folder or a hub id): its `tiny_model.json`'s, if any."""
+    info = Path(model) / INFO_FILE
+    if not info.is_file():
+        return ModelProfile()
+    return msgspec.json.decode(info.read_bytes(), type=_ProfileOnly).profile
+
+
+class _ProfileOnly(msgspec.Struct, frozen=True, kw_only=True):
+    profile: ModelProfile = TINY_PROFILE  # tiny models made before profiles were recorded
+
+
 class TinyModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     """What `make_tiny_model` wrote; also saved as `tiny_model.json` in the folder."""
 
@@ -109,6 +138,7 @@ class TinyModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     corpus_sha256: str
     spec: TinyModelSpec
     recipe: TokenizerRecipe
+    profile: ModelProfile = TINY_PROFILE
 
 
 _ACTIONS = (
@@ -147,7 +177,7 @@ def base_corpus(seed: int = 0, examples: int = 200) -> list[str]:
     Deterministic for a seed; the caller adds the sites' pages and task intents.
     """
     rng = random.Random(seed)
-    texts = [SYSTEM_PROMPT, COMPRESSED_OBSERVATION]
+    texts = [SYSTEM_PROMPT, SHORT_SYSTEM_PROMPT, COMPRESSED_OBSERVATION]
     for _ in range(examples):
         action = rng.choice(_ACTIONS).format(
             id=rng.randrange(200), word=rng.choice(_WORDS), small=rng.randrange(4)

@@ -150,8 +150,9 @@ class BrowserConfig(_Section, frozen=True):
 class ObservationConfig(_Section, frozen=True):
     """How a page becomes the simplified HTML the model reads."""
 
-    # "html": WebAgent-R1's simplified HTML; "compact": fewer attributes, for tiny models.
-    style: Literal["html", "compact"] = "html"
+    # "html": WebAgent-R1's simplified HTML; "compact": fewer attributes, for tiny models;
+    # "auto": what the model was made for (a tiny model made here: "compact"; else "html").
+    style: Literal["auto", "html", "compact"] = "auto"
     max_tokens: Positive = 2048
     max_text_chars: Positive = 80
     # Show the page's URL above it (off for models that cannot use it).
@@ -176,6 +177,9 @@ class PolicyConfig(_Section, frozen=True):
 
     # Model path or Hugging Face id; empty: the locally made tiny model under data_dir.
     model: str = ""
+    # "full": WebAgent-R1's instructions; "short": a few tokens, for tiny models made here;
+    # "auto": what the model was made for (as observation.style "auto").
+    system_prompt: Literal["auto", "full", "short"] = "auto"
     # URL of an already running server; empty: launch one as a child process.
     url: str = ""
     device: Literal["cpu", "gpu"] = "cpu"

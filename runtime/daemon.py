@@ -224,9 +224,14 @@ class Daemon:
             from runtime.bootstrap import BootstrapPaths
 
             self.model = str(BootstrapPaths(config.daemon.data_dir).bc)
-        served = msgspec.structs.replace(
-            config, policy=msgspec.structs.replace(config.policy, model=self.model)
+        from runtime.modelinit import resolve_profile
+
+        served = resolve_profile(
+            msgspec.structs.replace(
+                config, policy=msgspec.structs.replace(config.policy, model=self.model)
+            )
         )
+        self.config = served
         async with policy_stack(
             served,
             publish=not self.training,
@@ -333,8 +338,7 @@ class Daemon:
     async def _drain(self) -> None:
         if self._scheduler is not None:
             await self._scheduler.stop(self.config.daemon.drain_timeout_s)
-        if self._runs is not None:
-            pass  # agent runs end with the task group (recorded as interrupted)
+        # Agent runs in flight end with the daemon's task group (recorded as interrupted).
 
     def _want_eval(self) -> None:
         if self._eval_wanted is None or not self.config.daemon.eval_every:
@@ -480,13 +484,20 @@ class Daemon:
                 )
             )
 
-        async with pool.session(allowed=[request.start_url, *request.sites]) as session:
+        # The environment's episode setup gives the run what a rollout gets (on the built-in
+        # sites: its own tenant, by cookie); the allowlist is the request's own.
+        async with (
+            env.episode(task) as setup,
+            pool.session(
+                allowed=[request.start_url, *request.sites], cookies=setup.cookies
+            ) as session,
+        ):
             episode = Episode(
                 episode_id=run_id,
                 group_id="endpoint",
-                task=task,
-                start_urls=[request.start_url],
-                urls=dict(env.urls),
+                task=setup.task,
+                start_urls=setup.start_urls,
+                urls=setup.urls,
                 session=session,
                 policy=policy,
                 evaluate=env.evaluate if request.evaluation is not None else None,

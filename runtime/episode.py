@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
-from policy.prompt import build_messages
+from policy.prompt import SYSTEM_PROMPT, build_messages, system_prompt
 from runtime.actions import format_action, parse_completion, thought_of
 from runtime.config import Config, ObservationConfig
 from runtime.errors import (
@@ -82,12 +82,17 @@ class EpisodeSettings:
     max_parse_failures: int = 5
     max_repeats: int = 5
     keep_thoughts: bool = False
-    observation: ObservationConfig = field(default_factory=ObservationConfig)
+    observation: ObservationConfig = field(default_factory=lambda: ObservationConfig(style="html"))
+    system_prompt: str = SYSTEM_PROMPT
     policy_timeout_s: float = 300.0
     eval_timeout_s: float = 60.0
 
     @classmethod
     def from_config(cls, config: Config, *, max_turns: int | None = None) -> EpisodeSettings:
+        """The settings of `config`, its "auto" choices settled for `policy.model`."""
+        from runtime.modelinit import resolve_profile
+
+        config = resolve_profile(config)
         s = config.scheduler
         return cls(
             max_turns=max_turns or s.max_turns,
@@ -95,6 +100,7 @@ class EpisodeSettings:
             max_repeats=s.max_repeats,
             keep_thoughts=s.keep_thoughts,
             observation=config.observation,
+            system_prompt=system_prompt(config.policy.system_prompt),
             policy_timeout_s=s.policy_timeout_s,
             eval_timeout_s=s.eval_timeout_s,
         )
@@ -103,9 +109,10 @@ class EpisodeSettings:
 class Gate:
     """Open or closed; episodes wait at it before each policy call.
 
-    The daemon closes it while the learner updates with `max_staleness` 0, and the
-    control API closes it on pause. Waiting episodes stay in their turn (their browser
-    context stays open) until it opens again or they are interrupted.
+    The control API closes it on pause (`Scheduler.pause`). Waiting episodes stay in
+    their turn (their browser context stays open) until it opens again or they are
+    interrupted. The learner does not close it during updates: with `max_staleness` 0 a
+    group whose turns straddle an update is dropped as stale rather than held here.
     """
 
     def __init__(self) -> None:
@@ -279,6 +286,7 @@ class Episode:
                     history,
                     observation.text,
                     keep_thoughts=settings.keep_thoughts,
+                    system_prompt=settings.system_prompt,
                 )
                 request = PolicyRequest(
                     episode_id=self.episode_id, turn=index, task=self.task, messages=messages

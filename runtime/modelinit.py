@@ -5,6 +5,11 @@ know about sites; this module composes the texts: the policy's own (system promp
 completions in ChatML), the built-in suite's train intents, and the built-in sites' pages
 as a logged-in visitor sees them (crawled in-process through ASGI from the front pages
 and the train tasks' start pages: no browser, no sockets). Deterministic for a seed.
+
+`resolve_profile` settles the configuration's "auto" observation style and system prompt
+against the model that will read them: the embedded default (no `policy.model`) and any
+tiny model made here use the tiny recipe's (compact, short); any other model WebAgent-R1's
+(html, full). Every command that runs episodes or trains resolves before it starts.
 """
 
 from __future__ import annotations
@@ -16,18 +21,21 @@ from urllib.parse import urldefrag, urlsplit
 
 import anyio
 import httpx
+import msgspec
 
 from policy.tiny import (
+    TINY_PROFILE,
     TinyModelInfo,
     TinyModelSpec,
     TokenizerRecipe,
     base_corpus,
     make_tiny_model,
+    model_profile,
 )
-from runtime.config import SitesConfig
+from runtime.config import Config, SitesConfig
 from sites.builtin import SITE_NAMES, TENANT_COOKIE, BuiltinSites, generate_suite
 
-__all__ = ["gather_corpus", "init_tiny_model", "site_pages", "task_intents"]
+__all__ = ["gather_corpus", "init_tiny_model", "resolve_profile", "site_pages", "task_intents"]
 
 _HREF = re.compile(r"""href="([^"#]*)""")
 _DROP = re.compile(r"<(script|style)\b.*?</\1>", re.DOTALL | re.IGNORECASE)
@@ -113,3 +121,17 @@ async def init_tiny_model(
         return make_tiny_model(out, texts, spec=spec, recipe=recipe, seed=seed, overwrite=overwrite)
 
     return await anyio.to_thread.run_sync(make)
+
+
+def resolve_profile(config: Config, model: str | None = None) -> Config:
+    """`config` with "auto" observation style and system prompt made concrete for `model`
+    (default: `policy.model`; empty means the embedded default's tiny model)."""
+    name = config.policy.model if model is None else model
+    profile = model_profile(name) if name else TINY_PROFILE
+    observation = config.observation
+    if observation.style == "auto":
+        observation = msgspec.structs.replace(observation, style=profile.observation_style)
+    policy = config.policy
+    if policy.system_prompt == "auto":
+        policy = msgspec.structs.replace(policy, system_prompt=profile.system_prompt)
+    return msgspec.structs.replace(config, observation=observation, policy=policy)

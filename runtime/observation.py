@@ -218,6 +218,11 @@ class _Writer:
     """Collects lines; `style` decides how each node is written."""
 
     def __init__(self, config: ObservationConfig) -> None:
+        if config.style == "auto":
+            raise ValueError(
+                'observation.style "auto" is settled against the model before episodes run '
+                "(runtime.modelinit.resolve_profile)"
+            )
         self.config = config
         self.compact = config.style == "compact"
         self.lines: list[_Line] = []

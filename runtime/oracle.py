@@ -14,6 +14,7 @@ evaluator bug to look into, never a silent success).
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,10 +52,14 @@ def _plan_for_builtin(task: TaskConfig) -> list[OracleStep]:
     return plan_for(task)
 
 
-class OraclePolicy:
-    """Follows scripted plans; `style` is the observation style it reads ("html"/"compact")."""
+_HTML_ELEMENT = re.compile(r'<[a-z][a-z0-9]*\b[^>]*\bid="\d+"')
 
-    def __init__(self, plan_for: PlanFor | None = None, *, style: str = "html") -> None:
+
+class OraclePolicy:
+    """Follows scripted plans; `style` is the observation style it reads ("html"/"compact",
+    or "auto": told apart by the page, since only "html" writes tags with ids)."""
+
+    def __init__(self, plan_for: PlanFor | None = None, *, style: str = "auto") -> None:
         self.plan_for: PlanFor = plan_for or _plan_for_builtin
         self.style = style
         self._episodes: OrderedDict[str, _State] = OrderedDict()
@@ -80,7 +85,10 @@ class OraclePolicy:
         step = state.plan[state.step]
         element: int | None = None
         if step.target is not None:
-            elements = parse_elements(observation, self.style)
+            style = self.style
+            if style == "auto":
+                style = "html" if _HTML_ELEMENT.search(observation) else "compact"
+            elements = parse_elements(observation, style)
             found = resolve(step.target, elements)
             if found is None:
                 scroll = _scroll_direction(observation)

@@ -12,6 +12,7 @@ train and held-out per-step action accuracy. torch is imported only when the com
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 import msgspec
@@ -84,8 +85,13 @@ def _bc(args: argparse.Namespace) -> int:
         f"{report.stop_reason}"
     )
     print(
-        f"per-step action accuracy: train {report.train_accuracy:.1%} "
-        f"({report.train_examples} turns), held-out {report.heldout_accuracy:.1%} "
-        f"({report.heldout_examples} turns)"
+        f"per-step action accuracy: train {_share(report.train_accuracy)} "
+        f"({report.train_examples} turns), held-out {_share(report.heldout_accuracy)} "
+        f"({report.heldout_examples} turns); held-out episodes all right "
+        f"(teacher-forced): {_share(report.heldout_episode_accuracy)}"
     )
     return 0
+
+
+def _share(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.1%}"

@@ -84,7 +84,9 @@ def _checked(args: argparse.Namespace) -> Config:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     if args.policy != "oracle" and not Path(args.policy).is_dir():
         raise UsageError(f"--policy: expected 'oracle' or an adapter folder, got {args.policy!r}")
-    config = load_config(args.config)
+    from runtime.modelinit import resolve_profile
+
+    config = resolve_profile(load_config(args.config))
     if args.seed is not None:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)

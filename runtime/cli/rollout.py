@@ -88,7 +88,9 @@ def checked_config(args: argparse.Namespace) -> Config:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)
         )
-    return config
+    from runtime.modelinit import resolve_profile
+
+    return resolve_profile(config)
 
 
 async def run_split(

@@ -31,7 +31,7 @@ async def test_episode_driven_by_the_tiny_model_records_exact_ids(
     config = Config()
     config = msgspec.structs.replace(
         config,
-        observation=ObservationConfig(max_tokens=600),
+        observation=ObservationConfig(style="html", max_tokens=600),
         browser=BrowserConfig(action_timeout_s=3.0, navigation_timeout_s=10.0),
     )
     async with (

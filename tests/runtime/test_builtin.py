@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from runtime.browser import BrowserPool
-from runtime.config import Config, SitesConfig
+from runtime.config import Config, ObservationConfig, SitesConfig
 from runtime.environment import BuiltinEnvironment, serve_builtin_environment
 from runtime.messages import TaskConfig
 from runtime.oracle import OraclePolicy
 from runtime.runner import run_tasks
+
+# The oracle reads WebArena-style HTML here (the default for a model made elsewhere).
+HTML = msgspec.structs.replace(Config(), observation=ObservationConfig(style="html"))
 
 pytestmark = [pytest.mark.anyio, pytest.mark.browser]
 
@@ -36,7 +40,7 @@ async def test_oracle_solves_tasks_of_every_site_in_groups_of_8(
     tasks = _one_per_site(environment.tasks("test")) + _one_per_site(environment.tasks("ood"))
     assert len(tasks) == 10
     result = await run_tasks(
-        Config(), environment, OraclePolicy(), tasks, group_size=8, concurrency=32, pool=pool
+        HTML, environment, OraclePolicy(), tasks, group_size=8, concurrency=32, pool=pool
     )
     assert len(result.groups) == 10
     failures = [
@@ -60,7 +64,7 @@ async def test_a_state_changing_task_succeeds_8_times_in_one_group(
     task = writes[0]
     before = environment.sites.statistics()
     result = await run_tasks(
-        Config(), environment, OraclePolicy(), [task], group_size=8, concurrency=8, pool=pool
+        HTML, environment, OraclePolicy(), [task], group_size=8, concurrency=8, pool=pool
     )
     [group] = result.groups
     assert [t.reward for t in group.trajectories] == [1.0] * 8

@@ -279,6 +279,35 @@ def test_serve_endpoint_control_api_readme_and_sigterm_drain(sku_model: Path) ->
             assert '"paused":true' in curl.stdout.replace(" ", "")
             assert "webagent_runs_total" in curl.stdout
 
+            # A run sees the site as a rollout does (its own tenant): the page it ends on
+            # holds the product, which an evaluation of the run checks.
+            seen = http.post(
+                "/v1/runs",
+                headers=auth,
+                json={
+                    "intent": "What is the SKU of Hartwell Modern Cutting Board?",
+                    "start_url": f"{shopping}/product/37",
+                    "max_turns": 1,
+                    "evaluation": {
+                        "eval_types": ["program_html"],
+                        "program_html": [
+                            {
+                                "url": "last",
+                                "locator": "",
+                                "required_contents": {"must_include": ["Hartwell Modern"]},
+                            }
+                        ],
+                    },
+                },
+            )
+            assert seen.status_code == 202, seen.text
+            for _ in range(240):
+                state = http.get(f"/v1/runs/{seen.json()['run_id']}", headers=auth).json()
+                if state["status"] in ("finished", "failed"):
+                    break
+                time.sleep(0.5)
+            assert state["status"] == "finished" and state["reward"] == 1.0, state
+
             # 422 names the field; 429 when the one run slot is busy.
             bad = http.post("/v1/runs", headers=auth, json={"intent": "x", "start_url": "ftp://a"})
             assert bad.status_code == 422 and bad.json()["field"] == "start_url"

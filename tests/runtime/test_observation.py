@@ -47,7 +47,7 @@ _MARKS = """([selector, hidden, attr]) => {
 async def test_every_control_gets_an_id(pool: BrowserPool, web: Any, name: str) -> None:
     async with pool.session(allowed=[web.url]) as session:
         await session.open([web(f"/fixtures/{name}.html")])
-        observation = await session.observe(ObservationConfig(max_tokens=100_000))
+        observation = await session.observe(ObservationConfig(style="html", max_tokens=100_000))
         marks = await session.page.evaluate(_MARKS, [INTERACTIVE, HIDDEN[name], ID_ATTRIBUTE])
         visible = [m for m in marks if not m["hidden"]]
         assert len(visible) >= 15
@@ -66,7 +66,7 @@ async def test_every_control_gets_an_id(pool: BrowserPool, web: Any, name: str) 
 async def test_what_the_docs_page_shows(pool: BrowserPool, web: Any) -> None:
     async with pool.session(allowed=[web.url]) as session:
         await session.open([web("/fixtures/docs.html")])
-        text = (await session.observe(ObservationConfig(max_text_chars=60))).text
+        text = (await session.observe(ObservationConfig(style="html", max_text_chars=60))).text
     assert "Title: Streams — Pipewright 3.2 documentation" in text
     assert (
         '<select id="5" name="version" aria-label="Version"><option selected>3.2 (stable)' in text
@@ -82,7 +82,7 @@ async def test_what_the_docs_page_shows(pool: BrowserPool, web: Any) -> None:
 
 @pytest.mark.browser
 async def test_login_form_controls_and_values(pool: BrowserPool, web: Any) -> None:
-    config = ObservationConfig()
+    config = ObservationConfig(style="html")
     async with pool.session(allowed=[web.url]) as session:
         await session.open([web("/fixtures/login.html")])
         first = await session.observe(config)
@@ -114,7 +114,7 @@ async def test_login_form_controls_and_values(pool: BrowserPool, web: Any) -> No
 
 @pytest.mark.browser
 async def test_observation_is_deterministic(pool: BrowserPool, web: Any) -> None:
-    config = ObservationConfig()
+    config = ObservationConfig(style="html")
     texts = []
     for _ in range(2):
         async with pool.session(allowed=[web.url]) as session:
@@ -126,7 +126,7 @@ async def test_observation_is_deterministic(pool: BrowserPool, web: Any) -> None
 
 @pytest.mark.browser
 async def test_long_table_is_cut_to_the_budget_and_scrolls_on(pool: BrowserPool, web: Any) -> None:
-    config = ObservationConfig(max_tokens=1500)
+    config = ObservationConfig(style="html", max_tokens=1500)
     async with pool.session(allowed=[web.url]) as session:
         await session.open([web("/fixtures/table.html")])
         first = await session.observe(config)
@@ -150,7 +150,9 @@ async def test_long_table_is_cut_to_the_budget_and_scrolls_on(pool: BrowserPool,
         def words(text: str) -> int:
             return len(text.split())
 
-        counted = await session.observe(ObservationConfig(max_tokens=300), count_tokens=words)
+        counted = await session.observe(
+            ObservationConfig(style="html", max_tokens=300), count_tokens=words
+        )
         assert counted.tokens == words(counted.text) <= 300
 
 
@@ -212,7 +214,7 @@ def test_render_is_a_pure_function_of_the_snapshot() -> None:
             },
         ],
     }
-    config = ObservationConfig(show_url=False)
+    config = ObservationConfig(style="html", show_url=False)
     first = render(_snapshot(root), config)
     assert first == render(_snapshot(root), config)
     assert first.text.splitlines() == [

@@ -16,7 +16,7 @@ from runtime.session import Allowlist, BrowserSession
 
 pytestmark = [pytest.mark.anyio]
 
-CONFIG = ObservationConfig()
+CONFIG = ObservationConfig(style="html")
 
 
 def _id(observation: Observation, text: str = "", **attrs: str) -> int:
