@@ -1,0 +1,224 @@
+"""Learner overhead: one M-GRPO update against a bare torch forward+backward, same tokens.
+
+    .venv/bin/python -m bench.learner [--model DIR] [--threads 2] [--repeats 3]
+                                      [--batch-groups 4] [--group-size 4] [--turns 4]
+                                      [--prompt-tokens 600] [--completion-tokens 40]
+                                      [--out bench/out]
+
+One update batch: `--batch-groups` groups of `--group-size` trajectories of `--turns`
+turns, each turn `--prompt-tokens` prompt ids and `--completion-tokens` completion ids
+(random ids of the model's vocabulary, seeded; lengths jittered by +-25%), rewards half 1
+and half 0 in every group so that every group carries signal.
+
+- update: `learner.engine.Engine.update` on that batch (LoRA on the model; advantages,
+  samples, micro-batches, recomputed old log-probs, forward/backward through the M-GRPO
+  loss, AdamW step, then the adapter saved and the checkpoint written), as the learner
+  thread runs it; its own `train_s` and `save_s` are reported too;
+- bare: the same model with the same LoRA and AdamW, over the same padded micro-batch
+  tensors: `model(input_ids, attention_mask)`, a weighted cross-entropy on the completion
+  tokens, backward, optimizer step. Nothing else.
+
+Both run with `--threads` torch threads (set explicitly, reported), `--repeats` timed runs
+after one warm-up each; medians are reported with the overhead ratio update/bare. Uses
+the tiny model (`webagent model init`, made once under `--out/cache`) unless `--model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import LoadSampler, format_table, load_note, median, tiny_model, write_result
+from learner.batch import build_samples, collate, micro_batches
+from learner.checkpoint import Ledger
+from learner.engine import Engine
+from learner.loss import group_advantages
+from runtime.config import LearnerConfig
+from runtime.logs import configure_logging
+from runtime.messages import Trajectory, TrajectoryGroup, Turn
+
+
+def make_groups(args: argparse.Namespace, vocab: int) -> list[TrajectoryGroup]:
+    rng = random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(max(1, round(n * rng.uniform(0.75, 1.25))))]
+
+    groups = []
+    for g in range(args.batch_groups):
+        trajectories = []
+        for i in range(args.group_size):
+            turns = []
+            for k in range(args.turns):
+                completion = ids(args.completion_tokens)
+                turns.append(
+                    Turn(
+                        index=k,
+                        url="",
+                        observation="",
+                        observation_digest="",
+                        text="",
+                        prompt_token_ids=ids(args.prompt_tokens),
+                        completion_token_ids=completion,
+                        completion_logprobs=[-1.0] * len(completion),
+                        adapter="policy@v0",
+                        adapter_version=0,
+                    )
+                )
+            trajectories.append(
+                Trajectory(
+                    episode_id=f"g{g}-{i}",
+                    group_id=f"g{g}",
+                    task_id=g,
+                    intent="",
+                    turns=turns,
+                    reward=float(i % 2),
+                    status="exited",
+                )
+            )
+        groups.append(
+            TrajectoryGroup(group_id=f"g{g}", task_id=g, trajectories=trajectories, created_at=0.0)
+        )
+    return groups
+
+
+def bare_setup(model_dir: Path, config: LearnerConfig, groups: list[TrajectoryGroup]) -> Any:
+    """The model with the same LoRA and AdamW, and the update's padded micro-batches."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.lora import attach_lora
+
+    torch.manual_seed(config.seed)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    pad = base.config.pad_token_id if isinstance(base.config.pad_token_id, int) else 0
+    model = attach_lora(base, config)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+    advantages = [
+        group_advantages(
+            torch.tensor([t.reward for t in g.trajectories], dtype=torch.float64),
+            eps=config.adv_eps,
+        )
+        for g in groups
+    ]
+    samples = build_samples(groups, [a.tolist() for a in advantages])
+    batches = [collate(mb, pad_id=pad) for mb in micro_batches(samples, config.micro_batch_tokens)]
+    return model, optimizer, batches
+
+
+def bare_step(model: Any, optimizer: Any, batches: list[Any]) -> None:
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    for mb in batches:
+        k = mb.completion_width
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        logits = logits[:, -k - 1 : -1, :]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), mb.targets.reshape(-1), reduction="none"
+        )
+        (loss * mb.weights.reshape(-1)).sum().backward()
+    optimizer.step()
+
+
+def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoConfig
+
+    torch.set_num_threads(args.threads)
+    vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+    groups = make_groups(args, vocab)
+    config = LearnerConfig(
+        device="cpu", torch_threads=args.threads, batch_groups=args.batch_groups, keep_checkpoints=1
+    )
+    update_s, train_s, save_s, bare_s = [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="bench-learner-") as tmp:
+        engine = Engine(config, base_model=model_dir, out_dir=tmp)
+        engine.open()
+        for k in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            result = engine.update(groups, Ledger())
+            if k:  # the first is a warm-up
+                update_s.append(time.perf_counter() - t0)
+                train_s.append(result.metrics["train_s"])
+                save_s.append(result.metrics["save_s"])
+        metrics = result.metrics
+    model, optimizer, batches = bare_setup(model_dir, config, groups)
+    for k in range(args.repeats + 1):
+        t0 = time.perf_counter()
+        bare_step(model, optimizer, batches)
+        if k:
+            bare_s.append(time.perf_counter() - t0)
+    return {
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "model": str(model_dir),
+        "samples": int(metrics["samples"]),
+        "trained_tokens": int(metrics["tokens"]),
+        "micro_batches": int(metrics["micro_batches"]),
+        "sample_tokens": sum(len(t.prompt_token_ids) + len(t.completion_token_ids)
+                             for g in groups for tr in g.trajectories for t in tr.turns),
+        "padded_tokens": sum(int(mb.input_ids.numel()) for mb in batches),
+        "update_s": update_s,
+        "train_s": train_s,
+        "save_s": save_s,
+        "bare_s": bare_s,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model folder (default: the tiny model)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=600)
+    parser.add_argument("--completion-tokens", type=int, default=40)
+    parser.add_argument("--out", default="bench/out", help="folder for the JSON")
+    args = parser.parse_args()
+    configure_logging(level="warning")
+    model = Path(args.model) if args.model else tiny_model(args.out)
+    with LoadSampler(interval_s=2.0) as load:
+        result = run(args, model)
+    upd, trn, sav, bare = (median(result[k]) for k in ("update_s", "train_s", "save_s", "bare_s"))
+    rows: list[list[object]] = [
+        ["M-GRPO update (Engine.update)", upd * 1000, upd / bare],
+        ["  of which training (train_s)", trn * 1000, trn / bare],
+        ["  of which adapter + checkpoint (save_s)", sav * 1000, sav / bare],
+        ["bare forward+backward+step", bare * 1000, 1.0],
+    ]
+    table: dict[str, Any] = {
+        "title": (
+            f"one update: {result['samples']} turns, {result['sample_tokens']} tokens "
+            f"({result['padded_tokens']} padded, {result['micro_batches']} micro-batches, "
+            f"{result['trained_tokens']} trained), torch threads {result['threads']}, "
+            f"medians of {args.repeats}"
+        ),
+        "headers": ["step", "ms", "x bare"],
+        "rows": rows,
+    }
+    notes = [
+        f"overhead ratio update/bare: {upd / bare:.2f} (training only: {trn / bare:.2f}); the "
+        "update also recomputes old log-probs (one more forward, no grad) and computes the "
+        "M-GRPO loss, the bare loop a plain cross-entropy",
+        f"model {model.name}, LoRA rank {LearnerConfig().lora_rank} on all linear layers, "
+        f"float32, torch threads {result['threads']} (interop {result['interop_threads']})",
+        load_note(load),
+    ]
+    path = write_result(args.out, "learner", result, table=table, notes=notes, load=load)
+    print(f"wrote {path}")
+    print(format_table(table["headers"], table["rows"], title=table["title"]))
+    for note in notes:
+        print(note)
+
+
+if __name__ == "__main__":
+    main()
