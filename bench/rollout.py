@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.rollout [--levels 1,4,16,32,64] [--repeats 2]
                                       [--min-episodes 16] [--group-size 4]
                                       [--baseline-sleep-s 0.5] [--baseline-episodes 6]
-                                      [--out bench/out]
+                                      [--style html] [--out bench/out]
 
 At each concurrency level C, three loops run the same oracle episodes on the built-in
 sites' test split (the first `--tasks` tasks, cycled; max(C, `--min-episodes`) episodes
