@@ -34,6 +34,7 @@ __all__ = [
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
     "TINY_PROFILE",
+    "TINY_RECIPE",
     "ModelProfile",
     "TinyModelInfo",
     "TinyModelSpec",
@@ -95,11 +96,15 @@ class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
       a word has the same tokens whatever precedes it (`>Lamps<` and ` Lamps` share
       `Lamps`). transformers' Qwen2 tokenizer still encodes with Qwen2's regex; encode
       with `PromptRenderer` only (decoding, what vLLM does with our ids, agrees).
+    - "ids": as "words", and a compact observation's element id (` [13]`, id 1 to
+      `id_tokens`) is one token of its own, so that copying it means learning one
+      token -> digits mapping rather than a chain of digit look-ups (issue 8).
     """
 
     vocab_size: _Positive = 2048
     min_frequency: _Positive = 2
-    split: Literal["qwen2", "words"] = "qwen2"
+    split: Literal["qwen2", "words", "ids"] = "qwen2"
+    id_tokens: _Positive = 400
 
 
 class ModelProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -114,6 +119,8 @@ class ModelProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 TINY_PROFILE = ModelProfile(observation_style="compact", system_prompt="short")
+# The tokenizer `webagent model init` makes (issue 8): words and ids as whole tokens.
+TINY_RECIPE = TokenizerRecipe(split="ids")
 
 
 def model_profile(model: str | Path) -> ModelProfile:
@@ -196,6 +203,7 @@ def train_tokenizer(texts: Iterable[str], recipe: TokenizerRecipe = TokenizerRec
     Deterministic: the same texts in the same order give the same tokenizer.
     """
     from tokenizers import (
+        AddedToken,
         Regex,
         Tokenizer,
         decoders,
@@ -223,6 +231,10 @@ def train_tokenizer(texts: Iterable[str], recipe: TokenizerRecipe = TokenizerRec
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    if recipe.split == "ids":
+        tokenizer.add_tokens(
+            [AddedToken(f" [{i}]", normalized=False) for i in range(1, recipe.id_tokens + 1)]
+        )
     return tokenizer
 
 

@@ -25,6 +25,7 @@ import msgspec
 
 from policy.tiny import (
     TINY_PROFILE,
+    TINY_RECIPE,
     TinyModelInfo,
     TinyModelSpec,
     TokenizerRecipe,
@@ -112,7 +113,7 @@ async def init_tiny_model(
     seed: int = 0,
     overwrite: bool = False,
     spec: TinyModelSpec = TinyModelSpec(),
-    recipe: TokenizerRecipe = TokenizerRecipe(),
+    recipe: TokenizerRecipe = TINY_RECIPE,
 ) -> TinyModelInfo:
     """Gather the corpus and make the tiny model at `out` (torch runs in a worker thread)."""
     texts = await gather_corpus(seed)

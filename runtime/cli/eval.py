@@ -62,8 +62,11 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--policy",
         default="oracle",
-        metavar="ADAPTER|oracle",
-        help="an adapter folder (with manifest.json) or 'oracle' (default)",
+        metavar="ADAPTER|model|oracle",
+        help=(
+            "an adapter folder (with manifest.json) on policy.model, 'model' for policy.model "
+            "itself (the embedded default: the BC model), or 'oracle' (default)"
+        ),
     )
     parser.add_argument(
         "--max-turns", type=int, help="turns per episode (default: scheduler.max_turns)"
@@ -82,8 +85,10 @@ def _checked(args: argparse.Namespace) -> Config:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
-    if args.policy != "oracle" and not Path(args.policy).is_dir():
-        raise UsageError(f"--policy: expected 'oracle' or an adapter folder, got {args.policy!r}")
+    if args.policy not in ("oracle", "model") and not Path(args.policy).is_dir():
+        raise UsageError(
+            f"--policy: expected 'oracle', 'model' or an adapter folder, got {args.policy!r}"
+        )
     from runtime.modelinit import resolve_profile
 
     config = resolve_profile(load_config(args.config))
@@ -231,5 +236,6 @@ async def _policy(config: Config, name: str) -> AsyncIterator[tuple[Policy, Toke
 
     # On a shared server (policy.url), our own adapter names leave a daemon's alone.
     prefix = f"{config.policy.adapter_prefix}-eval{os.getpid()}" if config.policy.url else None
-    async with policy_stack(config, adapter=name, prefix=prefix) as stack:
+    adapter = None if name == "model" else name  # "model": the model itself (zero adapter)
+    async with policy_stack(config, adapter=adapter, prefix=prefix) as stack:
         yield stack.policy, stack.renderer.count_tokens

