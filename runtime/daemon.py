@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import msgspec
 import structlog
 from anyio.abc import TaskStatus
@@ -55,6 +56,7 @@ from runtime.messages import (
 )
 from runtime.metrics import MetricsBook, plot_learning_curve
 from runtime.runs import RunOutcome, RunService
+from sites.judge import HttpJudge
 
 __all__ = ["Daemon"]
 
@@ -83,8 +85,10 @@ class Daemon:
         training: bool = True,
         api: bool = True,
         url_overrides: Mapping[str, str] | None = None,
+        judge_key: str = "",
     ) -> None:
         self.config = config
+        self.judge_key = judge_key  # the API key of `sites.judge_url` (never logged)
         self.training = training and config.learner.enabled
         self.api = api and config.endpoint.enabled
         self.url_overrides = dict(url_overrides or {})
@@ -202,7 +206,13 @@ class Daemon:
             async with (
                 anyio.create_task_group() as outer,
                 BrowserPool(config.browser) as pool,
-                open_environment(config, url_overrides=self.url_overrides, browser=pool) as env,
+                httpx.AsyncClient() as judge_http,
+                open_environment(
+                    config,
+                    url_overrides=self.url_overrides,
+                    browser=pool,
+                    judge=HttpJudge.from_config(config.sites, judge_http, api_key=self.judge_key),
+                ) as env,
             ):
                 outer.start_soon(self._signals)
                 self._pool, self._environment = pool, env

@@ -55,7 +55,15 @@ def _run(config: Config, *, training: bool, api: bool) -> int:
     from runtime.daemon import Daemon
     from sites.webarena import urls_from_environ
 
-    daemon = Daemon(config, training=training, api=api, url_overrides=urls_from_environ(os.environ))
+    environ = os.environ  # read here, at the edge, and passed down
+    key_name = config.sites.judge_api_key_env
+    daemon = Daemon(
+        config,
+        training=training,
+        api=api,
+        url_overrides=urls_from_environ(environ),
+        judge_key=environ.get(key_name, "") if key_name else "",
+    )
 
     async def main() -> None:
         if not sys.stdout.isatty():
