@@ -24,7 +24,6 @@ the same command again resumes.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
 import time
@@ -56,6 +55,7 @@ from runtime.messages import (
 )
 from runtime.metrics import MetricsBook, plot_learning_curve
 from runtime.runs import RunOutcome, RunService
+from sites.files import write_atomic
 from sites.judge import HttpJudge
 
 __all__ = ["Daemon"]
@@ -64,15 +64,6 @@ log = structlog.get_logger("runtime.daemon")
 
 # The learning curve is redrawn at most this often (matplotlib costs ~0.3 s a figure).
 _PLOT_EVERY_S = 10.0
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 class Daemon:
@@ -199,7 +190,7 @@ class Daemon:
 
         config = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.run_dir / "config.toml", dump_config(config).encode())
+        write_atomic(self.run_dir / "config.toml", dump_config(config).encode())
         self.book = MetricsBook(self.run_dir / "metrics.jsonl")
         log.info("daemon.starting", run_dir=str(self.run_dir), training=self.training, api=self.api)
         try:

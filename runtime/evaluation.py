@@ -25,7 +25,6 @@ is reported beside the table.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ from runtime.protocols import Policy
 from runtime.runner import run_tasks
 from runtime.store import TrajectoryStore
 from runtime.webarena import WebArenaEnvironment
+from sites.files import write_atomic
 from sites.webarena import TABLE_COLUMNS, table_columns
 
 __all__ = [
@@ -265,9 +265,9 @@ async def run_evaluation(
         out_dir=str(out),
         environment=webarena.statistics() if webarena is not None else {},
     )
-    _write(out / "summary.json", msgspec.json.format(msgspec.json.encode(report)))
-    _write(out / "table.md", (format_table(report) + "\n").encode())
-    _write(out / "report.html", render_report(report, results, groups, by_id).encode())
+    write_atomic(out / "summary.json", msgspec.json.format(msgspec.json.encode(report)))
+    write_atomic(out / "table.md", (format_table(report) + "\n").encode())
+    write_atomic(out / "report.html", render_report(report, results, groups, by_id).encode())
     log.info(
         "evaluation.finished",
         tasks=report.tasks,
@@ -282,27 +282,6 @@ async def run_evaluation(
 def _fresh_dir(out: Path, partial: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     partial.unlink(missing_ok=True)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Write a file atomically: temp file, fsync, rename, fsync the folder."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    done = False
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(tmp).replace(path)
-        done = True
-    finally:
-        if not done:
-            Path(tmp).unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # --------------------------------------------------------------------------- HTML

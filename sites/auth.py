@@ -34,8 +34,6 @@ to `AuthError` here.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -51,6 +49,7 @@ from playwright.async_api import Error as PlaywrightError
 
 from runtime.config import WebArenaAccountConfig
 from sites.errors import AuthError
+from sites.files import write_atomic
 from sites.webarena import LOGIN_SITES, VARIABLE_OF_SITE, state_file_name
 
 __all__ = [
@@ -441,22 +440,7 @@ def _write_state(path: Path, state: Mapping[str, Any]) -> None:
     """Write a storage state atomically (temp file, fsync, rename), readable by us only."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        done = False
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(state, handle, indent=1, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            Path(tmp).replace(path)
-            done = True
-        finally:
-            if not done:
-                Path(tmp).unlink(missing_ok=True)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        data = json.dumps(state, indent=1, sort_keys=True).encode("utf-8")
+        write_atomic(path, data, mode=0o600)
     except OSError as exc:
         raise AuthError(f"cannot write storage state {path}: {exc}") from exc

@@ -21,9 +21,7 @@ variable names (SHOPPING, SHOPPING_ADMIN, REDDIT, GITLAB, MAP, WIKIPEDIA, HOMEPA
 from __future__ import annotations
 
 import ast
-import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +39,7 @@ from runtime.messages import (
     encode_tasks,
 )
 from sites.errors import PlaceholderError, TaskFileError
+from sites.files import write_atomic
 from sites.matching import EXACT, GOLD_IN_PRED, parse_required_value
 
 __all__ = [
@@ -413,25 +412,7 @@ def write_tasks(path: str | Path, tasks: Sequence[TaskConfig]) -> None:
     """Write tasks as a sorted-key JSON list atomically (temp file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = encode_tasks(list(tasks))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # mkstemp makes 0600; task files are ordinary readable data
-    done = False
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        Path(tmp).replace(path)
-        done = True
-    finally:
-        if not done:
-            Path(tmp).unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, encode_tasks(list(tasks)))  # 0644: ordinary readable data
 
 
 # --------------------------------------------------------------------------- counts

@@ -194,7 +194,7 @@ def test_the_table_counts_multi_site_tasks_in_each_column() -> None:
 
 def test_eval_cli_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "--policy", str(tmp_path / "nope")]) == 2
-    assert "--policy: expected 'oracle' or an adapter folder" in capsys.readouterr().err
+    assert "--policy: expected 'oracle', 'model' or an adapter folder" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text('[{"task_id": 1, "intent": "x", "start_url": "__NOWHERE__"}]')
     assert main(["eval", "--tasks", str(bad)]) == 2
