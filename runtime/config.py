@@ -265,8 +265,9 @@ class LearnerConfig(_Section, frozen=True):
         "down_proj",
     )
     seed: int = 0
-    # torch intra-op threads of the learner (0: torch's default).
-    torch_threads: NonNegative = 0
+    # torch intra-op threads of the learner (0: torch's default, one per core). The learner
+    # shares the CPU with vLLM and Chromium: see bc.torch_threads.
+    torch_threads: NonNegative = 1
     # Complete checkpoints kept on disk (the newest ones).
     keep_checkpoints: Positive = 2
 
@@ -297,9 +298,10 @@ class BCConfig(_Section, frozen=True):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Models up to this many parameters are fully fine-tuned in mode "auto"; larger: LoRA.
     full_max_params: Positive = 100_000_000
-    # torch intra-op threads (0: torch's default). On a CPU shared with vLLM and Chromium,
-    # 1 thread ran a tiny model's BC step 25x faster than 2 (OpenMP spinning under load).
-    torch_threads: NonNegative = 0
+    # torch intra-op threads (0: torch's default, one per core). On a 2-core CPU shared with
+    # vLLM and Chromium, 1 thread ran a tiny model's BC step 25x faster than 2 (OpenMP
+    # threads spinning under load); on an idle machine 2 threads are at most ~2x faster.
+    torch_threads: NonNegative = 1
 
 
 class DaemonConfig(_Section, frozen=True):
