@@ -92,6 +92,9 @@ class BCEval(msgspec.Struct, frozen=True, kw_only=True):
     step: int
     wall_s: float  # since the start, evaluations included
     train_s: float  # in optimizer steps only
+    # CPU seconds of this process since the start (all threads): on a shared machine,
+    # the measure of work done that other processes do not inflate.
+    cpu_s: float
     tokens: int  # forwarded in training so far (prompt + completion)
     loss: float
     train_accuracy: float  # per turn, teacher-forced exact action
@@ -427,6 +430,7 @@ def _train(
     train_eval = _whole_episodes(train, config.eval_examples, score_rng)
     history: list[BCEval] = []
     started = time.monotonic()
+    cpu_started = time.process_time()
     order: list[BCExample] = []
     step = 0
     tokens = 0
@@ -443,6 +447,7 @@ def _train(
             step=step,
             wall_s=time.monotonic() - started,
             train_s=train_s,
+            cpu_s=time.process_time() - cpu_started,
             tokens=tokens,
             loss=sum(window) / len(window) if window else math.nan,
             train_accuracy=train_turns,
