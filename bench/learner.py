@@ -16,10 +16,12 @@ and half 0 in every group so that every group carries signal.
   thread runs it; its own `train_s` and `save_s` are reported too;
 - bare: the same model with the same LoRA and AdamW, over the same padded micro-batch
   tensors: `model(input_ids, attention_mask)`, a weighted cross-entropy on the completion
-  tokens, backward, optimizer step. Nothing else.
+  tokens, backward, optimizer step. Nothing else. A no-grad forward over the same tensors
+  is timed too: the update's recomputation of old log-probs costs about that.
 
-Both run with `--threads` torch threads (set explicitly, reported), `--repeats` timed runs
-after one warm-up each; medians are reported with the overhead ratio update/bare. Uses
+Both run with `--threads` torch threads (set explicitly, reported), `--repeats` rounds
+(update, bare, no-grad forward, interleaved so that all see the same load) after one
+warm-up round; medians are reported with the overhead ratio update/bare. Uses
 the tiny model (`webagent model init`, made once under `--out/cache`) unless `--model`.
 """
 
@@ -127,6 +129,17 @@ def bare_step(model: Any, optimizer: Any, batches: list[Any]) -> None:
     optimizer.step()
 
 
+def no_grad_forward(model: Any, batches: list[Any]) -> None:
+    """One forward pass without gradients: what recomputing old log-probs costs."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        for mb in batches:
+            model(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
+    model.train()
+
+
 def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig
@@ -137,24 +150,26 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     config = LearnerConfig(
         device="cpu", torch_threads=args.threads, batch_groups=args.batch_groups, keep_checkpoints=1
     )
-    update_s, train_s, save_s, bare_s = [], [], [], []
+    update_s, train_s, save_s, bare_s, forward_s = [], [], [], [], []
+    model, optimizer, batches = bare_setup(model_dir, config, groups)
     with tempfile.TemporaryDirectory(prefix="bench-learner-") as tmp:
         engine = Engine(config, base_model=model_dir, out_dir=tmp)
         engine.open()
+        # Interleaved, so that both see the same load; the first round is a warm-up.
         for k in range(args.repeats + 1):
             t0 = time.perf_counter()
             result = engine.update(groups, Ledger())
-            if k:  # the first is a warm-up
-                update_s.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            bare_step(model, optimizer, batches)
+            t2 = time.perf_counter()
+            no_grad_forward(model, batches)
+            if k:
+                update_s.append(t1 - t0)
                 train_s.append(result.metrics["train_s"])
                 save_s.append(result.metrics["save_s"])
+                bare_s.append(t2 - t1)
+                forward_s.append(time.perf_counter() - t2)
         metrics = result.metrics
-    model, optimizer, batches = bare_setup(model_dir, config, groups)
-    for k in range(args.repeats + 1):
-        t0 = time.perf_counter()
-        bare_step(model, optimizer, batches)
-        if k:
-            bare_s.append(time.perf_counter() - t0)
     return {
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
@@ -169,6 +184,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         "train_s": train_s,
         "save_s": save_s,
         "bare_s": bare_s,
+        "forward_s": forward_s,
     }  # fmt: skip
 
 
@@ -188,12 +204,16 @@ def main() -> None:
     model = Path(args.model) if args.model else tiny_model(args.out)
     with LoadSampler(interval_s=2.0) as load:
         result = run(args, model)
-    upd, trn, sav, bare = (median(result[k]) for k in ("update_s", "train_s", "save_s", "bare_s"))
+    upd, trn, sav, bare, fwd = (
+        median(result[k]) for k in ("update_s", "train_s", "save_s", "bare_s", "forward_s")
+    )
     rows: list[list[object]] = [
         ["M-GRPO update (Engine.update)", upd * 1000, upd / bare],
         ["  of which training (train_s)", trn * 1000, trn / bare],
         ["  of which adapter + checkpoint (save_s)", sav * 1000, sav / bare],
         ["bare forward+backward+step", bare * 1000, 1.0],
+        ["bare forward, no grad (the old log-probs' cost)", fwd * 1000, fwd / bare],
+        ["bare step + no-grad forward", (bare + fwd) * 1000, (bare + fwd) / bare],
     ]
     table: dict[str, Any] = {
         "title": (
@@ -208,7 +228,8 @@ def main() -> None:
     notes = [
         f"overhead ratio update/bare: {upd / bare:.2f} (training only: {trn / bare:.2f}); the "
         "update also recomputes old log-probs (one more forward, no grad) and computes the "
-        "M-GRPO loss, the bare loop a plain cross-entropy",
+        "M-GRPO loss, the bare loop a plain cross-entropy; update/(bare step + no-grad "
+        f"forward): {upd / (bare + fwd):.2f}",
         f"model {model.name}, LoRA rank {LearnerConfig().lora_rank} on all linear layers, "
         f"float32, torch threads {result['threads']} (interop {result['interop_threads']})",
         load_note(load),
