@@ -1,8 +1,9 @@
 """The seeded data of the five built-in sites: `build_world(seed)`.
 
 Deterministic: the same seed gives the same rows (one `random.Random` per site, seeded
-from a string). Sizes: 240 products in 10 categories, 70 customers, 130 orders; 22 forums,
-~330 posts, ~1000 comments; 18 projects, ~350 issues; 66 places. Built in well under a
+from a string). Sizes with seed 0 (docs/sites.md counts them): 240 products in 10
+categories, 70 customers, 130 orders; 22 forums, 364 posts, 1050 comments; 18 projects,
+371 issues; 63 places. Built in well under a
 second, cached per seed, immutable afterwards (tenants write to their own overlay).
 """
 
