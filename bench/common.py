@@ -266,12 +266,22 @@ def write_result(
 
 
 def tiny_model(out: str | Path, seed: int = 0) -> Path:
-    """The tiny model (`webagent model init`), made once under `{out}/cache/tiny-{seed}`."""
-    folder = Path(out) / "cache" / f"tiny-{seed}"
+    """The tiny model (`webagent model init`), made once under `{out}/cache/tiny-{seed}-{key}`,
+    the key a digest of the default model spec and tokenizer recipe (a new recipe, a new
+    model)."""
+    import hashlib
+    import inspect
+
+    import msgspec
+
+    from runtime.modelinit import init_tiny_model
+
+    defaults = inspect.signature(init_tiny_model).parameters
+    recipe = msgspec.json.encode([defaults["spec"].default, defaults["recipe"].default])
+    key = hashlib.sha256(recipe).hexdigest()[:8]
+    folder = Path(out) / "cache" / f"tiny-{seed}-{key}"
     if not (folder / "config.json").is_file():
         import anyio
-
-        from runtime.modelinit import init_tiny_model
 
         folder.parent.mkdir(parents=True, exist_ok=True)
         anyio.run(lambda: init_tiny_model(folder, seed=seed, overwrite=True))
