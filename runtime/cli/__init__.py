@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -82,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("webagent: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`webagent ... | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush is quiet
+        return 141  # as a shell reports a process killed by SIGPIPE
     return code
 
 

@@ -65,3 +65,21 @@ def test_bad_requests_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "--group-size must be at least 1" in capsys.readouterr().err
     assert main(["rollout", "--split", "nope", "--tasks", "1"]) == 2
     assert "no split 'nope' in the built-in suite" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`webagent config show | head -1`: no BrokenPipeError traceback, SIGPIPE's code."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "config", "show"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # gone before the command writes
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err
