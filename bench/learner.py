@@ -1,6 +1,6 @@
 """Learner overhead: one M-GRPO update against a bare torch forward+backward, same tokens.
 
-    .venv/bin/python -m bench.learner [--model DIR] [--threads 2] [--repeats 3]
+    .venv/bin/python -m bench.learner [--model DIR] [--threads 1] [--repeats 3]
                                       [--batch-groups 4] [--group-size 4] [--turns 4]
                                       [--prompt-tokens 600] [--completion-tokens 40]
                                       [--out bench/out]
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model folder (default: the tiny model)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
