@@ -18,6 +18,7 @@ from policy.server import VLLMServer
 from runtime.browser import BrowserPool
 from runtime.config import BrowserConfig, Config, ObservationConfig, SitesConfig
 from runtime.environment import serve_builtin_environment
+from runtime.episode import EpisodeSettings
 from runtime.runner import run_tasks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.browser, pytest.mark.slow]
@@ -65,6 +66,7 @@ async def test_episode_driven_by_the_tiny_model_records_exact_ids(
 
     [group] = result.groups
     assert len(group.trajectories) == 2
+    sent_prompt = EpisodeSettings.from_config(config).system_prompt  # the model's profile
     for trajectory in group.trajectories:
         assert trajectory.status in ("max_turns", "exited", "repeated_actions"), trajectory
         assert trajectory.reward == 0.0
@@ -73,7 +75,9 @@ async def test_episode_driven_by_the_tiny_model_records_exact_ids(
         for i, turn in enumerate(trajectory.turns):
             # The prompt is rebuilt from the record alone: compressed history + observation.
             history = [t.text for t in trajectory.turns[:i]]
-            messages = build_messages(trajectory.intent, history, turn.observation)
+            messages = build_messages(
+                trajectory.intent, history, turn.observation, system_prompt=sent_prompt
+            )
             assert turn.prompt_token_ids == renderer.render(messages)
             assert renderer.decode(turn.completion_token_ids) == turn.text
             assert len(turn.completion_logprobs) == len(turn.completion_token_ids) > 0
