@@ -37,6 +37,8 @@ __all__ = [
     "command_line",
     "cpu_model",
     "descendants",
+    "finish",
+    "format_cell",
     "format_table",
     "load_note",
     "machine_info",
@@ -69,7 +71,7 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> str:
     """A plain-text table: right-aligned columns, floats with 3 significant decimals."""
-    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [[format_cell(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = [title] if title else []
     for k, row in enumerate(cells):
@@ -79,7 +81,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title
     return "\n".join(lines)
 
 
-def _cell(value: object) -> str:
+def format_cell(value: object) -> str:
+    """A table cell: floats to 3 significant digits (integers above 100), NaN as n/a."""
     if isinstance(value, float):
         if math.isnan(value):
             return "n/a"
@@ -262,6 +265,24 @@ def write_result(
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(path)
+    return path
+
+
+def finish(
+    out: str | Path,
+    bench: str,
+    result: dict[str, Any],
+    *,
+    table: dict[str, Any],
+    notes: Sequence[str],
+    load: LoadSampler,
+) -> Path:
+    """`write_result`, then print where, the table (last but for its notes) and the notes."""
+    path = write_result(out, bench, result, table=table, notes=notes, load=load)
+    print(f"wrote {path}")
+    print(format_table(table["headers"], table["rows"], title=table["title"]))
+    for note in notes:
+        print(note)
     return path
 
 

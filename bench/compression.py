@@ -34,13 +34,12 @@ import msgspec
 
 from bench.common import (
     LoadSampler,
-    format_table,
+    finish,
     load_note,
     median,
     percentile,
     tiny_model,
     with_style,
-    write_result,
 )
 from learner.batch import build_samples, micro_batches
 from policy.prompt import PromptRenderer, build_messages, strip_thought, user_message
@@ -241,11 +240,7 @@ def main() -> None:
         "turns": sum(len(t.turns) for t in trajectories),
         "measured": measured,
     }
-    path = write_result(args.out, "compression", result, table=table, notes=notes, load=load)
-    print(f"wrote {path}")
-    print(format_table(table["headers"], table["rows"], title=table["title"]))
-    for note in notes:
-        print(note)
+    finish(args.out, "compression", result, table=table, notes=notes, load=load)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import LoadSampler, format_table, load_note, median, tiny_model, write_result
+from bench.common import (
+    LoadSampler,
+    finish,
+    load_note,
+    median,
+    tiny_model,
+)
 from learner.batch import build_samples, collate, micro_batches
 from learner.checkpoint import Ledger
 from learner.engine import Engine
@@ -234,11 +240,7 @@ def main() -> None:
         f"float32, torch threads {result['threads']} (interop {result['interop_threads']})",
         load_note(load),
     ]
-    path = write_result(args.out, "learner", result, table=table, notes=notes, load=load)
-    print(f"wrote {path}")
-    print(format_table(table["headers"], table["rows"], title=table["title"]))
-    for note in notes:
-        print(note)
+    finish(args.out, "learner", result, table=table, notes=notes, load=load)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import Any
 
 import anyio
 
-from bench.common import LoadSampler, format_table, load_note, tiny_model, write_result
+from bench.common import LoadSampler, finish, load_note, tiny_model
 from runtime.config import Config, load_config
 from runtime.logs import configure_logging
 from runtime.messages import AdapterPublished, Event, TrajectoryGroup
@@ -386,11 +386,7 @@ def main() -> None:
             f"sync/async wall time: {modes['sync']['wall_s'] / modes['async']['wall_s']:.2f}"
         )
     notes += [f"model {model}; tasks {tasks}", load_note(load)]
-    path = write_result(args.out, "pipeline", result, table=table, notes=notes, load=load)
-    print(f"wrote {path}")
-    print(format_table(table["headers"], table["rows"], title=table["title"]))
-    for note in notes:
-        print(note)
+    finish(args.out, "pipeline", result, table=table, notes=notes, load=load)
 
 
 if __name__ == "__main__":

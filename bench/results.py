@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import format_cell
+
 START = "<!-- results:start -->"
 END = "<!-- results:end -->"
 
@@ -52,18 +54,6 @@ def _escape(cell: object) -> str:
     return str(cell).replace("|", "\\|").replace("\n", " ")
 
 
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        if value != value:  # NaN
-            return "n/a"
-        if value == 0 or abs(value) >= 100:
-            return f"{value:.0f}"
-        if abs(value) >= 10:
-            return f"{value:.1f}"
-        return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
-    return str(value)
-
-
 def markdown_table(headers: Sequence[object], rows: Sequence[Sequence[object]]) -> str:
     """A GitHub markdown table."""
     lines = [
@@ -71,7 +61,7 @@ def markdown_table(headers: Sequence[object], rows: Sequence[Sequence[object]]) 
         "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|",
     ]
     for row in rows:
-        lines.append("| " + " | ".join(_escape(_fmt(v)) for v in row) + " |")
+        lines.append("| " + " | ".join(_escape(format_cell(v)) for v in row) + " |")
     return "\n".join(lines)
 
 

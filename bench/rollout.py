@@ -45,12 +45,11 @@ from playwright.async_api import Page, async_playwright
 
 from bench.common import (
     LoadSampler,
-    format_table,
+    finish,
     load_note,
     median,
     percentile,
     with_style,
-    write_result,
 )
 from policy.prompt import build_messages
 from runtime.actions import parse_completion
@@ -451,11 +450,7 @@ def main() -> None:
         "last column: our steps/s divided by this loop's (ours/baseline, ours/limit)",
         load_note(load),
     ]
-    path = write_result(args.out, "rollout", result, table=table, notes=notes, load=load)
-    print(f"wrote {path}")
-    print(format_table(table["headers"], table["rows"], title=table["title"]))
-    for note in notes:
-        print(note)
+    finish(args.out, "rollout", result, table=table, notes=notes, load=load)
 
 
 if __name__ == "__main__":
