@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policy.prompt import build_messages, strip_thought, user_message
+from policy.prompt import SYSTEM_PROMPT, build_messages, strip_thought, user_message
 from runtime.messages import ChatMessage, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.observation import TokenCounter, estimate_tokens
 
@@ -29,6 +29,7 @@ def prompt_tokens(
     *,
     keep_thoughts: bool = False,
     count_tokens: TokenCounter = estimate_tokens,
+    system_prompt: str = SYSTEM_PROMPT,
 ) -> tuple[int, int]:
     """(tokens of the prompts as sent, tokens without compression), summed over turns."""
     compressed = full = 0
@@ -36,7 +37,11 @@ def prompt_tokens(
     uncompressed: list[ChatMessage] = []
     for turn in trajectory.turns:
         sent = build_messages(
-            trajectory.intent, history, turn.observation, keep_thoughts=keep_thoughts
+            trajectory.intent,
+            history,
+            turn.observation,
+            keep_thoughts=keep_thoughts,
+            system_prompt=system_prompt,
         )
         compressed += _count(sent, count_tokens)
         whole = [
@@ -98,6 +103,7 @@ def summarize(
     seconds: float = 0.0,
     keep_thoughts: bool = False,
     count_tokens: TokenCounter = estimate_tokens,
+    system_prompt: str = SYSTEM_PROMPT,
 ) -> RolloutSummary:
     """Figures over `groups`; `tasks` (by id) gives each episode's site."""
     summary = RolloutSummary(seconds=seconds)
@@ -115,7 +121,10 @@ def summarize(
             counts[0] += won
             counts[1] += 1
             sent, full = prompt_tokens(
-                trajectory, keep_thoughts=keep_thoughts, count_tokens=count_tokens
+                trajectory,
+                keep_thoughts=keep_thoughts,
+                count_tokens=count_tokens,
+                system_prompt=system_prompt,
             )
             summary.prompt_tokens += sent
             summary.prompt_tokens_uncompressed += full

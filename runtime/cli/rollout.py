@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from runtime.config import Config, load_config
+from runtime.episode import EpisodeSettings
 from runtime.errors import UsageError
 from runtime.messages import TrajectoryGroup
 from runtime.oracle import OraclePolicy
@@ -152,6 +153,7 @@ def _rollout(args: argparse.Namespace) -> int:
         tasks=tasks,
         seconds=result.seconds,
         keep_thoughts=config.scheduler.keep_thoughts,
+        system_prompt=EpisodeSettings.from_config(config).system_prompt,
     )
     print(format_summary(summary, title=f"{args.policy} on {args.split}"))
     if summary.failures:
