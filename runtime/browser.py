@@ -101,11 +101,13 @@ class BrowserPool:
     async def __aenter__(self) -> BrowserPool:
         with playwright_errors("start Playwright"):
             self._playwright = await async_playwright().start()
+        started = False
         try:
             await self._ensure_browser()
-        except BaseException:
-            await self._stop()
-            raise
+            started = True
+        finally:
+            if not started:  # an error or a cancellation: leave nothing running
+                await self._stop()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -149,11 +149,13 @@ class Scheduler:
                 with self._producer:
                     while self.num_groups is None or self._started < self.num_groups:
                         await self._slots.acquire()
+                        opened = False
                         try:
                             await self.rollout.gate.wait_open()
-                        except BaseException:
-                            self._slots.release()
-                            raise
+                            opened = True
+                        finally:
+                            if not opened:  # cancelled while paused: give the slot back
+                                self._slots.release()
                         task = self._next_task()
                         self._started += 1
                         self._in_flight += 1
