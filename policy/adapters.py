@@ -223,24 +223,21 @@ class AdapterManager:
 
     def resident(self, name: str) -> AdapterLease | None:
         """The resident version called `name` ("policy@v3"), or None."""
-        for resident in self._resident.values():
-            if resident.name == name:
-                return AdapterLease(name=resident.name, version=resident.version)
-        return None
+        found = self._by_name(name)
+        return None if found is None else AdapterLease(name=found.name, version=found.version)
+
+    def _by_name(self, name: str) -> _Resident | None:
+        return next((r for r in self._resident.values() if r.name == name), None)
 
     @contextmanager
     def lease(self, name: str | None = None) -> Iterator[AdapterLease]:
         """Hold the current version (or the resident one called `name`) for one request."""
         if self._current is None:
             raise AdapterError("no adapter published yet: publish v0 (a zero LoRA) first")
-        if name is None:
-            resident = self._resident[self._current]
-        else:
-            found = [r for r in self._resident.values() if r.name == name]
-            if not found:
-                names = ", ".join(sorted(r.name for r in self._resident.values()))
-                raise AdapterError(f"adapter {name!r} is not served (resident: {names})")
-            resident = found[0]
+        resident = self._resident[self._current] if name is None else self._by_name(name)
+        if resident is None:
+            names = ", ".join(sorted(r.name for r in self._resident.values()))
+            raise AdapterError(f"adapter {name!r} is not served (resident: {names})")
         resident.in_flight += 1
         try:
             yield AdapterLease(name=resident.name, version=resident.version)
