@@ -39,9 +39,6 @@ async def prepare_model(config: Config, environment: Environment) -> str:
     """The model to serve and train: `policy.model`, or the embedded default's BC model."""
     if config.policy.model:
         return config.policy.model
-    from runtime.modelinit import resolve_profile
-
-    config = resolve_profile(config, "")  # the demonstrations are for the tiny model
     paths = BootstrapPaths(config.daemon.data_dir)
     if (paths.bc / "config.json").is_file():
         return str(paths.bc)

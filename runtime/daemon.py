@@ -225,14 +225,10 @@ class Daemon:
             from runtime.bootstrap import BootstrapPaths
 
             self.model = str(BootstrapPaths(config.daemon.data_dir).bc)
-        from runtime.modelinit import resolve_profile
-
-        served = resolve_profile(
-            msgspec.structs.replace(
-                config, policy=msgspec.structs.replace(config.policy, model=self.model)
-            )
+        served = msgspec.structs.replace(
+            config, policy=msgspec.structs.replace(config.policy, model=self.model)
         )
-        self.config = served
+        self.config = served  # episodes' settings follow the served model's profile
         async with policy_stack(
             served,
             publish=not self.training,

@@ -66,12 +66,9 @@ from runtime.protocols import Evaluator, Policy
 from runtime.session import BrowserSession
 from sites.errors import PageClosedError
 
-__all__ = ["EVALUATED", "Episode", "EpisodeSettings", "Gate"]
+__all__ = ["Episode", "EpisodeSettings", "Gate"]
 
 log = structlog.get_logger("runtime.episode")
-
-# Statuses whose reward comes from the evaluators (the policy's own endings).
-EVALUATED = EVALUATED_STATUSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +216,7 @@ class Episode:
             if self._scope.cancelled_caught:
                 self.status = "interrupted"
             evaluation: Evaluation | None = None
-            if self.status in EVALUATED and self.evaluate is not None:
+            if self.status in EVALUATED_STATUSES and self.evaluate is not None:
                 evaluation = await self._evaluate()
             trajectory = Trajectory(
                 episode_id=self.episode_id,

@@ -9,7 +9,7 @@ and the train tasks' start pages: no browser, no sockets). Deterministic for a s
 `resolve_profile` settles the configuration's "auto" observation style and system prompt
 against the model that will read them: the embedded default (no `policy.model`) and any
 tiny model made here use the tiny recipe's (compact, short); any other model WebAgent-R1's
-(html, full). Every command that runs episodes or trains resolves before it starts.
+(html, full). `EpisodeSettings.from_config`, where both are read, resolves them.
 """
 
 from __future__ import annotations

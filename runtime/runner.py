@@ -129,9 +129,7 @@ async def write_demos(
     target = Path(out)
     partial = target.with_name(target.name + ".partial")
     partial.unlink(missing_ok=True)
-    from runtime.modelinit import resolve_profile
-
-    policy = OraclePolicy(style=style or resolve_profile(config).observation.style)
+    policy = OraclePolicy(style=style or "auto")
     failures: list[str] = []
     counts = {"episodes": 0, "kept": 0, "turns": 0}
     with TrajectoryStore(partial) as store:

@@ -89,9 +89,7 @@ def _checked(args: argparse.Namespace) -> Config:
         raise UsageError(
             f"--policy: expected 'oracle', 'model' or an adapter folder, got {args.policy!r}"
         )
-    from runtime.modelinit import resolve_profile
-
-    config = resolve_profile(load_config(args.config))
+    config = load_config(args.config)
     if args.seed is not None:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)
@@ -230,7 +228,7 @@ class _Run:
 @asynccontextmanager
 async def _policy(config: Config, name: str) -> AsyncIterator[tuple[Policy, TokenCounter]]:
     if name == "oracle":
-        yield OraclePolicy(style=config.observation.style), estimate_tokens
+        yield OraclePolicy(), estimate_tokens
         return
     from runtime.policystack import policy_stack
 

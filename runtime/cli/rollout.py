@@ -89,9 +89,7 @@ def checked_config(args: argparse.Namespace) -> Config:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)
         )
-    from runtime.modelinit import resolve_profile
-
-    return resolve_profile(config)
+    return config
 
 
 async def run_split(
@@ -141,7 +139,7 @@ async def run_split(
 
 def _rollout(args: argparse.Namespace) -> int:
     config = checked_config(args)
-    policy = OraclePolicy(style=config.observation.style)
+    policy = OraclePolicy()
     store = TrajectoryStore(Path(args.out)) if args.out else None
     try:
         result, tasks = anyio.run(functools.partial(run_split, config, args, policy, store=store))
