@@ -49,7 +49,7 @@ from learner.engine import lr_factor, resolve_device
 from learner.errors import DemonstrationError, LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
-from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages
+from policy.prompt import SYSTEM_PROMPT, PromptRenderer, episode_messages
 from policy.prompt import system_prompt as named_prompt
 from policy.tiny import model_profile
 from runtime.config import BCConfig, LearnerConfig
@@ -186,15 +186,10 @@ def demo_examples(
         for traj in group.trajectories:
             if traj.reward <= 0:
                 continue
-            history: list[str] = []
-            for turn in traj.turns:
-                messages = build_messages(
-                    traj.intent,
-                    history,
-                    turn.observation,
-                    keep_thoughts=keep_thoughts,
-                    system_prompt=system_prompt,
-                )
+            sent = episode_messages(
+                traj.intent, traj.turns, keep_thoughts=keep_thoughts, system_prompt=system_prompt
+            )
+            for turn, messages in zip(traj.turns, sent, strict=True):
                 if not checked:
                     _check_template(renderer, messages, turn.text)
                     checked = True
@@ -209,7 +204,6 @@ def demo_examples(
                         action_mask=tuple(think_mask(completion, decode)),
                     )
                 )
-                history.append(turn.text)
     if not examples:
         raise DemonstrationError("no successful demonstration turns (reward > 0)")
     return examples

@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from policy.errors import ModelFilesError
-from runtime.messages import ChatMessage
+from runtime.messages import ChatMessage, Turn
 
 __all__ = [
     "COMPRESSED_OBSERVATION",
@@ -33,6 +33,7 @@ __all__ = [
     "SYSTEM_PROMPT",
     "PromptRenderer",
     "build_messages",
+    "episode_messages",
     "strip_thought",
     "system_prompt",
     "user_message",
@@ -125,6 +126,30 @@ def build_messages(
         messages.append(ChatMessage(role="assistant", content=kept))
     messages.append(user_message(intent, len(history), observation))
     return messages
+
+
+def episode_messages(
+    intent: str,
+    turns: Sequence[Turn],
+    *,
+    keep_thoughts: bool = False,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> list[list[ChatMessage]]:
+    """The messages each recorded turn was sent, rebuilt from the record alone."""
+    history: list[str] = []
+    out: list[list[ChatMessage]] = []
+    for turn in turns:
+        out.append(
+            build_messages(
+                intent,
+                history,
+                turn.observation,
+                keep_thoughts=keep_thoughts,
+                system_prompt=system_prompt,
+            )
+        )
+        history.append(turn.text)
+    return out
 
 
 # --------------------------------------------------------------------------- rendering

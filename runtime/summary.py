@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policy.prompt import SYSTEM_PROMPT, build_messages, strip_thought, user_message
+from policy.prompt import SYSTEM_PROMPT, episode_messages, strip_thought, user_message
 from runtime.messages import ChatMessage, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.observation import TokenCounter, estimate_tokens
 
@@ -33,16 +33,14 @@ def prompt_tokens(
 ) -> tuple[int, int]:
     """(tokens of the prompts as sent, tokens without compression), summed over turns."""
     compressed = full = 0
-    history: list[str] = []
     uncompressed: list[ChatMessage] = []
-    for turn in trajectory.turns:
-        sent = build_messages(
-            trajectory.intent,
-            history,
-            turn.observation,
-            keep_thoughts=keep_thoughts,
-            system_prompt=system_prompt,
-        )
+    all_sent = episode_messages(
+        trajectory.intent,
+        trajectory.turns,
+        keep_thoughts=keep_thoughts,
+        system_prompt=system_prompt,
+    )
+    for turn, sent in zip(trajectory.turns, all_sent, strict=True):
         compressed += _count(sent, count_tokens)
         whole = [
             sent[0],
@@ -56,7 +54,6 @@ def prompt_tokens(
                 role="assistant", content=turn.text if keep_thoughts else strip_thought(turn.text)
             ),
         ]
-        history.append(turn.text)
     return compressed, full
 
 
