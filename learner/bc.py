@@ -343,11 +343,13 @@ def behaviour_clone(
     system_prompt: str | None = None,
     evaluate_success: Callable[[Any], float] | None = None,
     overwrite: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> BCReport:
     """Train on the demonstrations and write the BC checkpoint to `out` (see module doc).
 
     `system_prompt` None: the one the base model is made for (`policy.tiny.model_profile`),
-    which rollouts of the checkpoint will send.
+    which rollouts of the checkpoint will send. `should_stop()` true (checked before each
+    step; e.g. a daemon's Ctrl-C) abandons the run: LearnerError, nothing written.
 
     `evaluate_success(model)` (optional) returns held-out episode success of the torch
     model at each evaluation; it enables `config.target_success`.
@@ -375,7 +377,7 @@ def behaviour_clone(
     try:
         return _train(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,
-            evaluate_success=evaluate_success,
+            evaluate_success=evaluate_success, should_stop=should_stop,
         )  # fmt: skip
     except LearnerError:
         raise
@@ -392,6 +394,7 @@ def _train(
     config: BCConfig,
     lora: LearnerConfig,
     evaluate_success: Callable[[Any], float] | None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> BCReport:
     import torch
     from transformers import AutoModelForCausalLM
@@ -456,6 +459,8 @@ def _train(
         return point
 
     while True:
+        if should_stop is not None and should_stop():
+            raise LearnerError(f"BC stopped at step {step} before its end: {target} not written")
         if config.max_steps and step >= config.max_steps:
             stop_reason = "max_steps"
             break

@@ -12,6 +12,7 @@ an interrupted first run resumes at the step it was in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -35,8 +36,14 @@ class BootstrapPaths:
         self.bc = root / "models" / "bc"
 
 
-async def prepare_model(config: Config, environment: Environment) -> str:
-    """The model to serve and train: `policy.model`, or the embedded default's BC model."""
+async def prepare_model(
+    config: Config, environment: Environment, *, should_stop: Callable[[], bool] | None = None
+) -> str:
+    """The model to serve and train: `policy.model`, or the embedded default's BC model.
+
+    `should_stop` (read from BC's worker thread) abandons BC, raising LearnerError; the
+    caller cancels the rest (demonstrations) the anyio way.
+    """
     if config.policy.model:
         return config.policy.model
     paths = BootstrapPaths(config.daemon.data_dir)
@@ -74,12 +81,14 @@ async def prepare_model(config: Config, environment: Environment) -> str:
         max_minutes=config.bc.max_minutes,
         max_steps=config.bc.max_steps,
     )
-    summary = await anyio.to_thread.run_sync(_behaviour_clone, config, paths)
+    summary = await anyio.to_thread.run_sync(_behaviour_clone, config, paths, should_stop)
     log.info("bootstrap.bc_done", **summary)
     return str(paths.bc)
 
 
-def _behaviour_clone(config: Config, paths: BootstrapPaths) -> dict[str, object]:
+def _behaviour_clone(
+    config: Config, paths: BootstrapPaths, should_stop: Callable[[], bool] | None
+) -> dict[str, object]:
     from learner.bc import behaviour_clone
 
     report = behaviour_clone(
@@ -89,6 +98,7 @@ def _behaviour_clone(config: Config, paths: BootstrapPaths) -> dict[str, object]
         config=config.bc,
         lora=config.learner,
         keep_thoughts=config.scheduler.keep_thoughts,
+        should_stop=should_stop,
     )
     return {
         "steps": report.steps,

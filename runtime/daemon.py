@@ -220,7 +220,13 @@ class Daemon:
         from runtime.policystack import policy_stack
 
         config = self.config
-        self.model = await prepare_model(config, env) if self.training else config.policy.model
+        if self.training:
+            self.model = await self._prepare(prepare_model, config, env)
+            if self._stop.is_set():  # stopped while the first run made its model
+                task_status.started()
+                return
+        else:
+            self.model = config.policy.model
         if not self.model and not self.training:
             from runtime.bootstrap import BootstrapPaths
 
@@ -255,6 +261,26 @@ class Daemon:
                 tg.cancel_scope.cancel()
             if self.training:
                 await self._draw()  # the curve as the run ended
+
+    async def _prepare(self, prepare: Any, config: Config, env: Environment) -> str:
+        """`prepare(config, env)` (the bootstrap), given up when the daemon is stopped."""
+        from learner.errors import LearnerError
+
+        model = ""
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                model = await prepare(config, env, should_stop=self._stop.is_set)
+            except LearnerError:
+                if not self._stop.is_set():
+                    raise
+            tg.cancel_scope.cancel()
+        return model
 
     async def _start_training(
         self, tg: anyio.abc.TaskGroup, env: Environment, pool: BrowserPool, stack: Any

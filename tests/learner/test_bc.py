@@ -144,6 +144,29 @@ def test_bc_needs_a_bound_and_a_free_target(
         )
 
 
+def test_a_stop_request_abandons_bc_and_writes_nothing(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    from learner.errors import LearnerError
+
+    steps: list[int] = []
+
+    def should_stop() -> bool:  # asked before each step: stop before the fourth
+        steps.append(1)
+        return len(steps) > 3
+
+    with pytest.raises(LearnerError, match="stopped at step 3"):
+        behaviour_clone(
+            command_task.demos(4, 1.0, 0),
+            base_model=command_model_dir,
+            out=tmp_path / "bc",
+            config=BCConfig(max_steps=50, batch_size=4, eval_every_steps=100),
+            should_stop=should_stop,
+        )
+    assert not (tmp_path / "bc").exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # no temporary folder left either
+
+
 def test_cli(
     tmp_path: Path,
     command_task: Any,
