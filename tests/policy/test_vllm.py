@@ -160,7 +160,8 @@ async def test_adapter_in_use_stays_until_its_request_ends(
     prefix: str,
 ) -> None:
     client = CompletionClient(http, vllm_server.url)
-    long = SamplingParams(max_tokens=400, temperature=0.0)
+    # As long as the model allows, so that it outlasts the publish on a loaded machine.
+    long = SamplingParams(max_tokens=1500, temperature=0.0)
     async with AdapterManager(client, prefix=prefix, staleness_window=0) as adapters:
         await adapters.publish(zero_adapter)
         policy = VLLMPolicy(client, renderer, adapters, sampling=long, max_model_len=2048)
