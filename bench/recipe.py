@@ -125,7 +125,9 @@ def _plot(history: list[dict[str, Any]], path: Path, title: str) -> None:
         for metric, name in (
             ("train_accuracy", "train: turns right"),
             ("heldout_accuracy", "test: turns right"),
-            ("heldout_episode_accuracy", "test: episodes all right (teacher-forced)"),
+            ("heldout_episode_accuracy", "test: episodes, actions right (teacher-forced)"),
+            ("heldout_whole_accuracy", "test: whole turns right (greedy replays them)"),
+            ("heldout_whole_episode_accuracy", "test: episodes, whole turns right"),
         ):
             ax.plot(xs, [h[metric] for h in history], marker="o", label=name)
         ax.set_xlabel(label)
@@ -176,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
-         f"{h['heldout_accuracy']:.3f}", f"{h['heldout_episode_accuracy']:.3f}"]
+         f"{h['heldout_accuracy']:.3f}", f"{h['heldout_episode_accuracy']:.3f}",
+         f"{h['heldout_whole_accuracy']:.3f}", f"{h['heldout_whole_episode_accuracy']:.3f}"]
         for h in history
     ]  # fmt: skip
     headers = ["wall min", "CPU min", "step", "Mtok", "loss", "train turn acc", "test turn acc",
-               "test ep (TF)"]  # fmt: skip
+               "test ep (TF)", "test whole turn", "test ep whole"]  # fmt: skip
     notes = [
         f"{report.train_examples} train turns, {report.heldout_examples} test turns; "
         f"{report.tokens_per_s:.0f} training tokens/s; stopped by {report.stop_reason}",

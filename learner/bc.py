@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
@@ -104,6 +104,11 @@ class BCEval(msgspec.Struct, frozen=True, kw_only=True):
     train_episode_accuracy: float
     heldout_episode_accuracy: float
     heldout_success: float | None = None
+    # Whole turns (thought, action and end token) that are the argmax at every position:
+    # what greedy decoding reproduces exactly. The action-only figures above take the
+    # demonstrated thought as given, which a free-running model must write itself.
+    heldout_whole_accuracy: float = math.nan
+    heldout_whole_episode_accuracy: float = math.nan
 
 
 class BCReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,6 +129,7 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     heldout_accuracy: float
     heldout_episode_accuracy: float
     heldout_success: float | None = None
+    heldout_whole_episode_accuracy: float = math.nan
     history: list[BCEval] = []
 
 
@@ -261,27 +267,48 @@ def _forward(model: Any, mb: MicroBatch) -> Any:
     return out.logits[:, :-1, :]
 
 
+class _Scores(NamedTuple):
+    """Teacher-forced shares: action right (given the demonstrated thought) and whole turn
+    right, per turn and per episode (every turn of it)."""
+
+    turns: float
+    episodes: float
+    whole_turns: float
+    whole_episodes: float
+
+
 def _accuracy(
     model: Any, examples: Sequence[BCExample], budget: int, pad_id: int, device: str
-) -> tuple[float, float]:
-    """(share of turns, share of episodes) whose action tokens are all the argmax under
-    teacher forcing; an episode counts when every one of its turns does."""
+) -> _Scores:
+    """Teacher-forced exact match against the argmax: of the action tokens, and of every
+    completion token (`_Scores`)."""
     import torch
 
     if not examples:
-        return float("nan"), float("nan")
-    hits: list[bool] = []
+        return _Scores(math.nan, math.nan, math.nan, math.nan)
+    action_hits: list[bool] = []
+    whole_hits: list[bool] = []
     model.eval()
     with torch.no_grad():
         for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
             mb = collate(mb_samples, pad_id=pad_id).to(device)
             hit = _forward(model, mb).argmax(-1) == mb.targets
             scored = mb.weights > 0
-            hits.extend(bool(h) for h in (hit | ~scored).all(dim=1).tolist())
-    episodes: dict[str, bool] = {}
-    for example, ok in zip(examples, hits, strict=True):
-        episodes[example.episode_id] = episodes.get(example.episode_id, True) and ok
-    return sum(hits) / len(hits), sum(episodes.values()) / len(episodes)
+            width = mb.completion_width
+            for row, sample in enumerate(mb_samples):
+                action_hits.append(bool((hit[row] | ~scored[row]).all()))
+                whole_hits.append(bool(hit[row, width - len(sample.completion_ids) :].all()))
+
+    def by_episode(hits: list[bool]) -> float:
+        episodes: dict[str, bool] = {}
+        for example, ok in zip(examples, hits, strict=True):
+            episodes[example.episode_id] = episodes.get(example.episode_id, True) and ok
+        return sum(episodes.values()) / len(episodes)
+
+    n = len(examples)
+    return _Scores(
+        sum(action_hits) / n, by_episode(action_hits), sum(whole_hits) / n, by_episode(whole_hits)
+    )
 
 
 def _whole_episodes(
@@ -438,8 +465,8 @@ def _train(
     def evaluate() -> BCEval:
         success = None if evaluate_success is None else float(evaluate_success(model.eval()))
         budget = config.micro_batch_tokens
-        train_turns, train_episodes = _accuracy(model, train_eval, budget, pad_id, device)
-        held_turns, held_episodes = _accuracy(model, held_eval, budget, pad_id, device)
+        train_scores = _accuracy(model, train_eval, budget, pad_id, device)
+        held_scores = _accuracy(model, held_eval, budget, pad_id, device)
         point = BCEval(
             step=step,
             wall_s=time.monotonic() - started,
@@ -447,11 +474,13 @@ def _train(
             cpu_s=time.process_time() - cpu_started,
             tokens=tokens,
             loss=sum(window) / len(window) if window else math.nan,
-            train_accuracy=train_turns,
-            heldout_accuracy=held_turns,
-            train_episode_accuracy=train_episodes,
-            heldout_episode_accuracy=held_episodes,
+            train_accuracy=train_scores.turns,
+            heldout_accuracy=held_scores.turns,
+            train_episode_accuracy=train_scores.episodes,
+            heldout_episode_accuracy=held_scores.episodes,
             heldout_success=success,
+            heldout_whole_accuracy=held_scores.whole_turns,
+            heldout_whole_episode_accuracy=held_scores.whole_episodes,
         )
         window.clear()
         history.append(point)
@@ -508,6 +537,7 @@ def _train(
         heldout_accuracy=final.heldout_accuracy,
         heldout_episode_accuracy=final.heldout_episode_accuracy,
         heldout_success=final.heldout_success,
+        heldout_whole_episode_accuracy=final.heldout_whole_episode_accuracy,
         history=history,
     )
     _save_model(model, Path(base_model), target, report)

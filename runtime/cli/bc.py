@@ -88,7 +88,8 @@ def _bc(args: argparse.Namespace) -> int:
         f"per-step action accuracy: train {_share(report.train_accuracy)} "
         f"({report.train_examples} turns), held-out {_share(report.heldout_accuracy)} "
         f"({report.heldout_examples} turns); held-out episodes all right "
-        f"(teacher-forced): {_share(report.heldout_episode_accuracy)}"
+        f"(teacher-forced): actions {_share(report.heldout_episode_accuracy)}, whole turns "
+        f"(what greedy decoding replays) {_share(report.heldout_whole_episode_accuracy)}"
     )
     return 0
 

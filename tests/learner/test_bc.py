@@ -11,7 +11,14 @@ import msgspec
 import pytest
 
 from learner.batch import think_mask
-from learner.bc import behaviour_clone, demo_examples, read_demos, split_heldout
+from learner.bc import (
+    BCExample,
+    _accuracy,
+    behaviour_clone,
+    demo_examples,
+    read_demos,
+    split_heldout,
+)
 from learner.errors import DemonstrationError
 from policy.prompt import PromptRenderer
 from runtime.cli import main
@@ -97,6 +104,42 @@ def test_a_template_that_does_not_end_turns_with_eos_is_refused(
     renderer = PromptRenderer.from_model(odd)
     with pytest.raises(DemonstrationError, match="end token"):
         demo_examples(command_task.demos(1, 1.0, 0), renderer, system_prompt=command_task.SYSTEM)
+
+
+class _NextTokenModel:
+    """Predicts the next input token (teacher forcing) except that it never predicts
+    `miss`: the argmax is right at every position but those where `miss` comes next."""
+
+    def __init__(self, vocab: int, miss: int) -> None:
+        self.vocab, self.miss = vocab, miss
+
+    def eval(self) -> _NextTokenModel:
+        return self
+
+    def __call__(self, *, input_ids: Any, logits_to_keep: int, **_: Any) -> Any:
+        import torch
+
+        following = torch.roll(input_ids, -1, dims=1)
+        following[following == self.miss] = 0
+        logits = torch.nn.functional.one_hot(following, self.vocab).float()
+        return type("Out", (), {"logits": logits[:, -logits_to_keep:, :]})
+
+
+def test_whole_turn_accuracy_counts_the_thought_action_accuracy_does_not() -> None:
+    def turn(episode: str, index: int, completion: tuple[int, ...]) -> BCExample:
+        # completion: <think> 5 6 </think> action action end; the action mask spares 5 6
+        mask = (True, False, False, True, True, True, True)
+        return BCExample(1, episode, index, (1, 2, 3), completion, mask)
+
+    examples = [
+        turn("a", 0, (4, 5, 6, 7, 8, 8, 9)),  # all right
+        turn("a", 1, (4, 5, 13, 7, 8, 8, 9)),  # thought token 13 missed: action still right
+        turn("b", 0, (4, 5, 6, 7, 8, 13, 9)),  # action token 13 missed
+        turn("c", 0, (4, 5, 6, 7, 8, 8, 9)),  # all right
+    ]
+    scores = _accuracy(_NextTokenModel(16, miss=13), examples, 8192, pad_id=0, device="cpu")
+    assert scores.turns == 3 / 4 and scores.whole_turns == 2 / 4
+    assert scores.episodes == 2 / 3 and scores.whole_episodes == 1 / 3
 
 
 def test_bc_learns_the_demonstrated_behaviour(command_bc: tuple[Path, Any]) -> None:
