@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import msgspec
 import structlog
 
+from learner.augment import swapped_copies
 from learner.batch import MicroBatch, TurnSample, collate, micro_batches, think_mask
 from learner.engine import lr_factor, resolve_device
 from learner.errors import DemonstrationError, LearnerError, TrainingError
@@ -390,17 +391,24 @@ def behaviour_clone(
         system_prompt = named_prompt(model_profile(base_model).system_prompt)
     renderer = PromptRenderer.from_model(base_model)
     groups = read_demos(demos) if isinstance(demos, (str, Path)) else list(demos)
-    examples = demo_examples(
-        groups, renderer, keep_thoughts=keep_thoughts, system_prompt=system_prompt
-    )
+
+    def examples_of(chosen: Sequence[TrajectoryGroup]) -> list[BCExample]:
+        return demo_examples(
+            chosen, renderer, keep_thoughts=keep_thoughts, system_prompt=system_prompt
+        )
+
+    examples = examples_of(groups)
     if heldout is None:
         train, held = split_heldout(examples, config.heldout_fraction, config.seed)
     else:
-        held_groups = read_demos(heldout) if isinstance(heldout, (str, Path)) else list(heldout)
         train = examples
-        held = demo_examples(
-            held_groups, renderer, keep_thoughts=keep_thoughts, system_prompt=system_prompt
+        held = examples_of(read_demos(heldout) if isinstance(heldout, (str, Path)) else heldout)
+    if config.augment_copies:  # entity-swapped copies of the train tasks only
+        train_tasks = {e.task_id for e in train}
+        copies = swapped_copies(
+            [g for g in groups if g.task_id in train_tasks], config.augment_copies, config.seed
         )
+        train += examples_of(copies) if copies else []
     try:
         return _train(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,

@@ -284,6 +284,9 @@ class BCConfig(_Section, frozen=True):
     # Stop early once held-out episode success reaches this (0 disables).
     target_success: Fraction = 0.0
     eval_every_steps: Positive = 200
+    # Entity-swapped copies of every train demonstration added to the BC data
+    # (learner.augment): task entities renamed consistently, so only copying fits them.
+    augment_copies: NonNegative = 0
     # Full fine-tuning for tiny models, LoRA for large ones; "auto" decides by size.
     mode: Literal["auto", "full", "lora"] = "auto"
     seed: int = 0
