@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.recipe [--minutes 30] [--eval-every 100] [--seed 0]
                                      [--split ids|words|qwen2] [--prompt short|full]
-                                     [--rollout-tasks 219] [--out bench/out]
+                                     [--rollout-tasks 219] [--augment-copies 0]
+                                     [--out bench/out]
 
 1. makes the tiny model with the recipe (`webagent model init`: the "ids" tokenizer, the
    compact observation, the short prompt), cached under `--out/cache`;
@@ -150,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default="short", choices=["short", "full"])
     parser.add_argument("--rollout-tasks", type=int, default=219)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--augment-copies", type=int, default=BCConfig().augment_copies,
+        help="entity-swapped copies of each demonstration (learner.augment)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     bc_dir = out / "cache" / f"recipe-bc-{args.split}-{args.prompt}-{args.seed}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,
-        torch_threads=args.threads, seed=args.seed,
+        torch_threads=args.threads, seed=args.seed, augment_copies=args.augment_copies,
     )  # fmt: skip
     with LoadSampler(interval_s=5.0) as load:
         report = behaviour_clone(
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     history = [msgspec.structs.asdict(h) for h in report.history]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = out / f"recipe-curve-{stamp}.png"
-    _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt)")
+    _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt, "
+          f"{args.augment_copies} swapped copies)")  # fmt: skip
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
