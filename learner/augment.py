@@ -102,20 +102,19 @@ def swapped_copies(
     new group and episode ids; trajectories without entities are not copied."""
     if copies <= 0:
         return []
-    intents = [t.intent for g in groups for t in g.trajectories]
+    intents = {t.intent for g in groups for t in g.trajectories}
     frequency: Counter[str] = Counter()
-    for intent in set(intents):
+    for intent in intents:
         frequency.update(set(_words(intent)))
-    distinct = len(set(intents))
     pool: dict[str, set[str]] = defaultdict(set)
     found: dict[str, list[tuple[str, str]]] = {}
-    for intent in set(intents):
-        quoted = {m.group(1) for m in _QUOTED.finditer(intent)}
-        named = entities(intent, frequency, distinct, rare=rare, names=names)
+    for intent in intents:
+        quoted = set(_QUOTED.findall(intent))
+        named = entities(intent, frequency, len(intents), rare=rare, names=names)
         found[intent] = [(e, _shape(e, e in quoted)) for e in named]
         for entity, shape in found[intent]:
             pool[shape].add(entity)
-    choices = {shape: sorted(names) for shape, names in pool.items()}
+    choices = {shape: sorted(members) for shape, members in pool.items()}
     rng = random.Random(seed)
     out: list[TrajectoryGroup] = []
     for copy in range(copies):

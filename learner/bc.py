@@ -130,6 +130,7 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     heldout_accuracy: float
     heldout_episode_accuracy: float
     heldout_success: float | None = None
+    heldout_whole_accuracy: float = math.nan
     heldout_whole_episode_accuracy: float = math.nan
     history: list[BCEval] = []
 
@@ -545,6 +546,7 @@ def _train(
         heldout_accuracy=final.heldout_accuracy,
         heldout_episode_accuracy=final.heldout_episode_accuracy,
         heldout_success=final.heldout_success,
+        heldout_whole_accuracy=final.heldout_whole_accuracy,
         heldout_whole_episode_accuracy=final.heldout_whole_episode_accuracy,
         history=history,
     )
