@@ -23,8 +23,10 @@
    line with the metrics.
 
 When the stream closes the loop returns; queued groups short of a batch stay in the
-journal and are trained after a restart. Cancelling `run` waits for an update in progress
-to finish (its checkpoint included): the worker thread is never abandoned.
+journal and are trained after a restart. `hold()` (a stopping daemon, `max_updates`)
+starts no further update: groups still arriving are journaled and queued, and trained
+after a restart. Cancelling `run` waits for an update in progress to finish (its
+checkpoint included): the worker thread is never abandoned.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class Learner:
         self._seen: set[str] = set()
         self._limiter = anyio.CapacityLimiter(1)
         self._updating = False
+        self._held = False
         self._updates = 0
         self._received = 0
         self._trained = 0
@@ -139,6 +142,10 @@ class Learner:
     def version(self) -> int:
         state = self._engine.state
         return -1 if state is None else state.version
+
+    def hold(self) -> None:
+        """Start no further update (one in progress finishes); keep journaling groups."""
+        self._held = True
 
     def adapter_path(self, version: int) -> Path:
         return self._engine.adapter_path(version)
@@ -184,12 +191,15 @@ class Learner:
                 "learner.started", version=state.version, step=state.step, resumed=self._resumed
             )
             task_status.started(state.version)
-            while len(self._queue) >= self.config.batch_groups:
+            while self._batch_ready():
                 await self._update()
             async for group in groups:
                 await self._take(group)
-                if len(self._queue) >= self.config.batch_groups:
+                if self._batch_ready():
                     await self._update()
+
+    def _batch_ready(self) -> bool:
+        return not self._held and len(self._queue) >= self.config.batch_groups
 
     # ------------------------------------------------------------------ intake
 

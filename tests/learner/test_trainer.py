@@ -294,6 +294,42 @@ async def test_restart_requeues_consumed_groups(
         )
 
 
+@pytest.mark.anyio
+async def test_hold_starts_no_update_and_keeps_the_groups_for_a_restart(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    groups = [group(make_group, s, f"g{s}", [1, 0], 0) for s in range(4)]
+    rec = Recorder()
+    learner: Learner
+
+    async def emit(event: Event) -> None:  # what the daemon's max_updates=1 does
+        await rec.emit(event)
+        if isinstance(event, UpdateApplied):
+            learner.hold()
+
+    learner = Learner(
+        CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish, emit=emit
+    )
+    await feed(learner, groups)  # g0, g1 trained (v1); g2, g3 arrive while held
+    stats = learner.statistics()
+    assert (stats.version, stats.updates, stats.groups_queued) == (1, 1, 2)
+    journal = [json.loads(x)["id"] for x in (tmp_path / "consumed.jsonl").read_text().splitlines()]
+    assert journal == ["g0", "g1", "g2", "g3"]
+
+    store = {g.group_id: g for g in groups}
+    again = Learner(
+        CONFIG,
+        base_model=tiny_model_dir,
+        out_dir=tmp_path,
+        publish=rec.publish,
+        read_groups=lambda ids: [store[i] for i in ids],
+    )
+    await start_only(again)  # the held groups are re-read and trained first
+    saved = latest_checkpoint(tmp_path / "checkpoints")
+    assert saved is not None
+    assert saved.state.ledger.trained == {"g0": 1, "g1": 1, "g2": 2, "g3": 2}
+
+
 def _fail(grp: TrajectoryGroup, index: int, status: str) -> TrajectoryGroup:
     """`grp` with trajectory `index` ended by an infrastructure failure `status`."""
     trajs = list(grp.trajectories)
