@@ -162,6 +162,9 @@ async def test_adapter_in_use_stays_until_its_request_ends(
     client = CompletionClient(http, vllm_server.url)
     # As long as the model allows, so that it outlasts the publish on a loaded machine.
     long = SamplingParams(max_tokens=1500, temperature=0.0)
+    # Made before the request goes out: making it (a model load and a save) took longer
+    # than the whole 1500-token request on a loaded CI machine.
+    v1 = lora_adapter(1, scale=0.5, seed=1)
     async with AdapterManager(client, prefix=prefix, staleness_window=0) as adapters:
         await adapters.publish(zero_adapter)
         policy = VLLMPolicy(client, renderer, adapters, sampling=long, max_model_len=2048)
@@ -173,7 +176,7 @@ async def test_adapter_in_use_stays_until_its_request_ends(
         async with anyio.create_task_group() as tg:
             tg.start_soon(one)
             await anyio.wait_all_tasks_blocked()  # the request is out, holding v0
-            swap = await adapters.publish(lora_adapter(1, scale=0.5, seed=1))
+            swap = await adapters.publish(v1)
             assert swap.unloaded == []
             served = await client.models()
             assert f"{prefix}@v0" in served and f"{prefix}@v1" in served
