@@ -312,6 +312,8 @@ class Daemon:
             adapter_prefix=config.policy.adapter_prefix,
             temperature=config.policy.temperature,
         )
+        if self._stop.is_set():  # a stop that came during start-up holds it too
+            self._learner.hold()
         groups_send, groups_recv = anyio.create_memory_object_stream[TrajectoryGroup](
             config.scheduler.stream_buffer
         )
