@@ -1,12 +1,13 @@
 """WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, and R1-Zero on the built-in suite.
 
-    .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 15] [--seeds 3]
+    .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the tiny model recipe (`bench.recipe`: model and oracle demonstrations, cached
     under `--out/cache`) behaviour-cloned (`learner.bc.behaviour_clone`) for `--bc-minutes`
-    of wall time: a checkpoint stopped at partial success (cached per budget and seed);
+    of wall time with one torch thread per core (it runs alone): a checkpoint stopped at
+    partial success (cached per budget, threads and seed);
 (b) BC + M-GRPO: `webagent train --config X` on that checkpoint, stopped by SIGINT (the
     daemon's graceful stop) `--rl-minutes` after it published v0 (vLLM start-up and model
     loading are not charged), or at `--max-updates`;
@@ -36,10 +37,14 @@ mean 11.8 on 2 cores). A full-size run with `--bc-minutes 30` (cached) and 20-mi
 arms took 88.6 min beside another BC run (load mean 7.9): RL 2 x ~21 min (start-up ~35 s,
 stop ~10 s), vLLM start ~26 s twice, evaluations 47 min (2,200 episodes, ~0.25 s per
 turn, ~1.2 s per episode, 8 at once, ~2 s of process overhead a call); its estimate for
-the defaults of then (15-minute BC, 20-minute RL arms) was 103 min. So the RL arms are
-15 minutes by default (15 + 2 x 15 training minutes). Every run prints its own
-"estimate for the defaults" from its speeds; the model and the oracle demonstrations
-are cached under `--out/cache` (made once, ~9 min; shared with `bench.recipe`).
+the defaults of then (15-minute BC, 20-minute RL arms) was 103 min. With 15-minute RL
+arms, on an idle machine, with the model and demonstrations cached: 85.5 min (BC 941 s,
+RL 941 + 940 s, evaluations 1579 + 729 s at 8 episodes at once), ~94 min from an empty
+cache. So the defaults now: RL arms 12 minutes, evaluations 16 episodes at once (60
+test tasks: 58 s median at 16 against 65 s at 8, side by side, twice each), BC on every
+core (40 BC steps: 82 s on 2 threads, 147 s on 1). Every run prints its own "estimate
+for the defaults" from its speeds; the model and the oracle demonstrations are cached
+under `--out/cache` (made once, ~9 min; shared with `bench.recipe`).
 """
 
 from __future__ import annotations
@@ -235,14 +240,15 @@ def planned(
 
 
 def _bc(out: Path, minutes: float, seed: int, threads: int) -> tuple[Path, dict[str, Any]]:
-    """(a): the recipe's tiny model behaviour-cloned for `minutes` (cached)."""
+    """(a): the recipe's tiny model behaviour-cloned for `minutes` with `threads` torch
+    threads (0: one per core); cached per budget, threads and seed."""
     from bench.recipe import _demos, _model
     from learner.bc import behaviour_clone
     from runtime.config import BCConfig
 
     base = _model(out, seed, "ids")
     train, test = _demos(out, seed, "train"), _demos(out, seed, "test")
-    folder = out / "cache" / f"learning-bc-{minutes:g}m-{seed}"
+    folder = out / "cache" / f"learning-bc-{minutes:g}m-t{threads}-{seed}"
     if (folder / "bc.json").is_file() and (folder / "config.json").is_file():
         report = json.loads((folder / "bc.json").read_text())
         return folder, {"cached": True, **{k: v for k, v in report.items() if k != "history"}}
@@ -470,21 +476,22 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add = parser.add_argument
     add("--bc-minutes", type=float, default=15.0)
-    add("--rl-minutes", type=float, default=15.0, help="per RL arm, after its v0 is served")
+    add("--rl-minutes", type=float, default=12.0, help="per RL arm, after its v0 is served")
     add("--max-updates", type=int, default=0, help="stop RL earlier (0: no)")
     add("--seeds", type=int, default=3, help="evaluation worlds (sites' seeds 0..N-1)")
     add("--eval-tasks", type=int, default=100, help="tasks per split and seed")
     add("--max-turns", type=int, default=15, help="of the headline evaluations")
     add("--scaling-turns", type=_parse_turns, default=[5, 10, 15, 20, 30])
     add("--scaling-tasks", type=int, default=40, help="test tasks of seed 0")
-    add("--eval-concurrency", type=int, default=8, help="episodes at once per evaluation")
+    add("--eval-concurrency", type=int, default=16, help="episodes at once per evaluation")
     add("--group-size", type=int, default=4)
     add("--groups-in-flight", type=int, default=2)
     add("--batch-groups", type=int, default=2)
     add("--train-max-turns", type=int, default=10)
     add("--rl-lr", type=float, default=3e-4)
     add("--optimizer-steps", type=int, default=2, help="per update (1: ratio == 1, no clip/KL)")
-    add("--threads", type=int, default=1, help="torch threads (BC, learner)")
+    add("--threads", type=int, default=1, help="torch threads of the RL learner")
+    add("--bc-threads", type=int, default=0, help="torch threads of BC (0: one per core)")
     add("--seed", type=int, default=0, help="training seed")
     add("--smoke", action="store_true", help="everything shrunk (~20 min)")
     add("--out", default="bench/out")
@@ -517,7 +524,7 @@ class _Experiment:
         args, out = self.args, self.out
         began = time.monotonic()
         tiny = _model(out, args.seed, "ids")
-        bc_dir, self.bc_report = _bc(out, args.bc_minutes, args.seed, args.threads)
+        bc_dir, self.bc_report = _bc(out, args.bc_minutes, args.seed, args.bc_threads)
         self._timed("bc_s", began)
         _say(f"[bc] {bc_dir} ({self.timings['bc_s']:.0f} s)")
         settings = {

@@ -266,7 +266,7 @@ class LearnerConfig(_Section, frozen=True):
     )
     seed: int = 0
     # torch intra-op threads of the learner (0: torch's default, one per core). The learner
-    # shares the CPU with vLLM and Chromium: see bc.torch_threads.
+    # shares the CPU with vLLM and Chromium: 1 thread (see bc.torch_threads).
     torch_threads: NonNegative = 1
     # Complete checkpoints kept on disk (the newest ones).
     keep_checkpoints: Positive = 2
@@ -302,10 +302,12 @@ class BCConfig(_Section, frozen=True):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Models up to this many parameters are fully fine-tuned in mode "auto"; larger: LoRA.
     full_max_params: Positive = 100_000_000
-    # torch intra-op threads (0: torch's default, one per core). On a 2-core CPU shared with
-    # vLLM and Chromium, 1 thread ran a tiny model's BC step 25x faster than 2 (OpenMP
-    # threads spinning under load); on an idle machine 2 threads are at most ~2x faster.
-    torch_threads: NonNegative = 1
+    # torch intra-op threads (0: torch's default, one per core). BC runs alone (before the
+    # server and the browsers start): on an idle 2-core machine 40 steps of the tiny recipe
+    # took 82 s with 2 threads and 147 s with 1 (1.8x, twice each, side by side). Where BC
+    # shares the CPU set 1: under load 1 thread ran a BC step 25x faster than 2 (OpenMP
+    # threads spinning).
+    torch_threads: NonNegative = 0
 
 
 class DaemonConfig(_Section, frozen=True):
