@@ -13,6 +13,7 @@ exact prompt ids, completion ids and logprobs of the turn.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -330,6 +331,15 @@ class VLLMPolicy:
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self._completed = 0
         self._failed = 0
+
+    def with_sampling(self, sampling: SamplingParams) -> VLLMPolicy:
+        """This policy sampling with `sampling` (e.g. greedy evaluations beside sampled
+        training rollouts): the same client, adapters and concurrency slots; its own
+        completed/failed counts."""
+        other = copy.copy(self)
+        other.sampling = sampling
+        other._completed = other._failed = 0
+        return other
 
     async def act(self, request: PolicyRequest) -> PolicyReply:
         """One turn: render `request.messages`, sample with the current adapter (or the

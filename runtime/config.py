@@ -318,6 +318,9 @@ class DaemonConfig(_Section, frozen=True):
     data_dir: str = ".webagent"
     eval_every: NonNegative = 5
     eval_episodes: Positive = 64
+    # Sampling temperature of those evaluations (0: greedy, as `webagent eval` with its
+    # usual config); training rollouts keep policy.temperature.
+    eval_temperature: NonNegativeFloat = 0.0
     max_updates: NonNegative = 0
     drain_timeout_s: PositiveFloat = 60.0
     # New adapter folders appearing here are loaded automatically (hot reload).

@@ -6,7 +6,8 @@
           ^                                                                        (worker thread)
           └──────── hot-swap of each new adapter version (policy.adapters) <──────────┘
     control API + agent endpoint (in-process ASGI) ── status, metrics, pause, runs
-    evaluations every `eval_every` updates on the test and ood splits
+    evaluations every `eval_every` updates on the test and ood splits (greedy by default:
+    `daemon.eval_temperature`)
 
 Order of work on start: run directory (effective config), environment, model (the
 embedded default's bootstrap when `policy.model` is empty), vLLM and the adapter
@@ -385,6 +386,10 @@ class Daemon:
 
         config = self.config
         concurrency = max(1, config.scheduler.max_episodes_in_flight // 2)
+        sampling = msgspec.structs.replace(
+            stack.policy.sampling, temperature=config.daemon.eval_temperature
+        )
+        policy = stack.policy.with_sampling(sampling)
         async with wanted:
             async for updates in wanted:
                 version = stack.adapters.current.version if stack.adapters.current else 0
@@ -398,7 +403,7 @@ class Daemon:
                     report = await run_evaluation(
                         config,
                         env,
-                        stack.policy,
+                        policy,
                         tasks,
                         out_dir=self.run_dir / "eval" / f"u{updates:05d}-{split}",
                         concurrency=concurrency,

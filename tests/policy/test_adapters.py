@@ -21,7 +21,7 @@ from policy.adapters import (
     read_manifest,
     weights_sha256,
 )
-from policy.client import CompletionClient, VLLMPolicy
+from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.errors import AdapterError, AdapterManifestError, AdapterSwapError
 from policy.prompt import PromptRenderer
 from runtime.messages import (
@@ -60,6 +60,7 @@ class _FakeAdapterApi:
         self.hidden: set[str] = set()  # loaded but (wrongly) not listed
         self.fail_unloads = False
         self.calls: list[str] = []
+        self.temperatures: list[float] = []  # of each completion request
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -74,6 +75,7 @@ class _FakeAdapterApi:
             self.loaded[body["lora_name"]] = body["lora_path"]
             return httpx.Response(200, text="Success")
         if path == "/v1/completions":
+            self.temperatures.append(body["temperature"])
             if body["model"] not in self.loaded:
                 message = f"The model `{body['model']}` does not exist."
                 return httpx.Response(404, json={"error": {"message": message}})
@@ -259,3 +261,29 @@ async def test_policy_reloads_adapters_a_restarted_server_lost(
         assert reply.completion_token_ids == [7]
         assert list(api.loaded) == ["policy@v0"]
         assert api.calls == ["load policy@v0", "load policy@v0"]
+
+
+@pytest.mark.anyio
+async def test_with_sampling_changes_only_the_sampling(tmp_path: Path, tiny_model: Path) -> None:
+    api = _FakeAdapterApi()
+    async with _manager(api) as manager:
+        await manager.publish(_adapter(tmp_path, 0))
+        sampled = VLLMPolicy(
+            manager._server,  # type: ignore[arg-type]
+            PromptRenderer.from_model(tiny_model),
+            manager,
+            sampling=SamplingParams(temperature=1.0, max_tokens=8),
+            max_concurrency=3,
+        )
+        greedy = sampled.with_sampling(SamplingParams(temperature=0.0, max_tokens=8))
+        task = TaskConfig(task_id=1, intent="t", start_url="http://x/")
+        request = PolicyRequest(
+            episode_id="e", turn=0, task=task, messages=[ChatMessage(role="user", content="hi")]
+        )
+        await greedy.act(request)
+        await sampled.act(request)
+        assert api.temperatures == [0.0, 1.0]
+        assert sampled.sampling.temperature == 1.0
+        assert (greedy.statistics().completed, sampled.statistics().completed) == (1, 1)
+        async with greedy._limiter:  # one set of concurrency slots for both
+            assert sampled.statistics().in_flight == 1
