@@ -2,7 +2,8 @@
 
 Layout of the learner's folder::
 
-    adapters/policy@vN/        published adapters (learner.lora), one per version
+    adapters/policy@vN/        published adapters (learner.lora), one per version; the
+                               newest `keep_adapters` are kept (at least max_staleness + 2)
     checkpoints/v000017/       the state after the update that made version 17
         lora.safetensors       trainable (LoRA) weights, exactly as in memory
         optimizer.pt           AdamW state
@@ -50,6 +51,7 @@ __all__ = [
     "Ledger",
     "SavedCheckpoint",
     "latest_checkpoint",
+    "prune_adapters",
     "remove_orphan_adapters",
     "write_checkpoint",
 ]
@@ -192,6 +194,21 @@ def remove_orphan_adapters(adapters: Path, version: int | None, prefix: str) -> 
         if orphan:
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
+    return removed
+
+
+def prune_adapters(adapters: Path, newest: int, keep: int, prefix: str) -> list[Path]:
+    """Remove the published adapter folders `prefix@vK` with K <= newest - keep, oldest
+    first (`keep` 0: none). Returns what went."""
+    removed: list[Path] = []
+    if keep <= 0 or not adapters.is_dir():
+        return removed
+    found = [(int(m["version"]), p) for p in adapters.iterdir()
+             if (m := _ADAPTER.match(p.name)) and m["prefix"] == prefix]  # fmt: skip
+    for version, path in sorted(found):
+        if version <= newest - keep:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
 
 

@@ -44,7 +44,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from learner.batch import Decode
-from learner.checkpoint import ConsumedJournal, Ledger
+from learner.checkpoint import ConsumedJournal, Ledger, prune_adapters
 from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
 from learner.loss import is_zero_variance
@@ -314,6 +314,14 @@ class Learner:
         publishing = time.perf_counter()
         await self._publish(result.adapter_path)
         publish_s = time.perf_counter() - publishing
+        if self.config.keep_adapters:
+            keep = max(self.config.keep_adapters, self.config.max_staleness + 2)
+            pruned = await anyio.to_thread.run_sync(
+                prune_adapters, self._engine.adapters_dir, result.version, keep,
+                self._engine.prefix,
+            )  # fmt: skip
+            if pruned:
+                log.info("learner.adapters_pruned", removed=[p.name for p in pruned])
         await self._send(
             AdapterPublished(
                 at=time.time(),

@@ -270,6 +270,10 @@ class LearnerConfig(_Section, frozen=True):
     torch_threads: NonNegative = 1
     # Complete checkpoints kept on disk (the newest ones).
     keep_checkpoints: Positive = 2
+    # Published adapter folders kept on disk (the newest; 0 keeps all). Never fewer than
+    # max_staleness + 2, so that every adapter the server may still hold (and reload after
+    # a restart) is on disk. A rank-8 LoRA of an 8B model is ~80 MB a version.
+    keep_adapters: NonNegative = 16
 
 
 class BCConfig(_Section, frozen=True):

@@ -13,6 +13,7 @@ from learner.checkpoint import (
     LearnerState,
     Ledger,
     latest_checkpoint,
+    prune_adapters,
     remove_orphan_adapters,
     write_checkpoint,
 )
@@ -90,6 +91,15 @@ def test_orphan_adapters_are_those_never_published(tmp_path: Path) -> None:
         "policy@v0",
         "policy@v1",
     ]
+
+
+def test_prune_keeps_the_newest_published_adapters(tmp_path: Path) -> None:
+    for name in ("policy@v0", "policy@v1", "policy@v2", "policy@v10", "other@v0"):
+        (tmp_path / name).mkdir()
+    assert prune_adapters(tmp_path, 10, 0, "policy") == []  # keep 0: all stay
+    removed = prune_adapters(tmp_path, 10, 9, "policy")  # v2..v10 may stay
+    assert [p.name for p in removed] == ["policy@v0", "policy@v1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other@v0", "policy@v10", "policy@v2"]
 
 
 def test_lr_schedule() -> None:

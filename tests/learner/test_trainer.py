@@ -75,7 +75,7 @@ async def test_updates_publish_versions_and_set_groups_aside(
 ) -> None:
     rec = Recorder()
     learner = Learner(
-        CONFIG,
+        msgspec.structs.replace(CONFIG, keep_adapters=1),  # raised to max_staleness + 2 = 3
         base_model=tiny_model_dir,
         out_dir=tmp_path,
         publish=rec.publish,
@@ -128,6 +128,9 @@ async def test_updates_publish_versions_and_set_groups_aside(
         (2, "policy@v2", ["c", "d"]),
         (3, "policy@v3", ["e", "f"]),
     ]
+    # published adapters on disk: the newest 3 (v0 went after v3 was published)
+    kept = sorted(p.name for p in (tmp_path / "adapters").iterdir())
+    assert kept == ["policy@v1", "policy@v2", "policy@v3"]
     # the journal holds every consumed id once (not the duplicate)
     journal = [json.loads(x)["id"] for x in (tmp_path / "consumed.jsonl").read_text().splitlines()]
     assert journal == ["a", "zero", "unversioned", "b", "c", "d", "old", "e", "f"]
