@@ -42,9 +42,12 @@ arms, on an idle machine, with the model and demonstrations cached: 85.5 min (BC
 RL 941 + 940 s, evaluations 1579 + 729 s at 8 episodes at once), ~94 min from an empty
 cache. So the defaults now: RL arms 12 minutes, evaluations 16 episodes at once (60
 test tasks: 58 s median at 16 against 65 s at 8, side by side, twice each), BC on every
-core (40 BC steps: 82 s on 2 threads, 147 s on 1). Every run prints its own "estimate
-for the defaults" from its speeds; the model and the oracle demonstrations are cached
-under `--out/cache` (made once, ~9 min; shared with `bench.recipe`).
+core (40 BC steps: 82 s on 2 threads, 147 s on 1). With these defaults, from a clean
+clone with an empty cache, on an idle machine: `real 80m43s` (model and demonstrations
+8.3 min, BC 15 min with 548 steps, RL 761 + 765 s, evaluations 1364 + 583 s). Every run
+prints its own "estimate for the defaults" from its speeds, with the model and the
+oracle demonstrations cached under `--out/cache` (made once, ~8 min; shared with
+`bench.recipe`) and BC not cached.
 """
 
 from __future__ import annotations
