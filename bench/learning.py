@@ -44,7 +44,7 @@ cache. So the defaults now: RL arms 12 minutes, evaluations 16 episodes at once 
 test tasks: 58 s median at 16 against 65 s at 8, side by side, twice each), BC on every
 core (40 BC steps: 82 s on 2 threads, 147 s on 1). With these defaults, from a clean
 clone with an empty cache, on an idle machine: `real 80m43s` (model and demonstrations
-8.3 min, BC 15 min with 548 steps, RL 761 + 765 s, evaluations 1364 + 583 s). Every run
+7.8 min, BC 15 min with 548 steps, RL 761 + 765 s, evaluations 1364 + 583 s). Every run
 prints its own "estimate for the defaults" from its speeds, with the model and the
 oracle demonstrations cached under `--out/cache` (made once, ~8 min; shared with
 `bench.recipe`) and BC not cached.
