@@ -188,6 +188,7 @@ async def train(
         micro_batch_tokens=4096,
         torch_threads=1,
         seed=0,
+        keep_adapters=0,  # v0 is compared with the last version at the end
     )
     learner = Learner(config, base_model=model_dir, out_dir=out, publish=policy.publish)
     gen = torch.Generator().manual_seed(1)
