@@ -183,32 +183,34 @@ def latest_checkpoint(root: Path) -> SavedCheckpoint | None:
 def remove_orphan_adapters(adapters: Path, version: int | None, prefix: str) -> list[Path]:
     """Remove adapter folders newer than the checkpointed `version` (all when None) and
     half-written temporary ones: none of them was ever published. Returns what went."""
-    removed: list[Path] = []
     if not adapters.is_dir():
-        return removed
-    for p in sorted(adapters.iterdir()):
-        match = _ADAPTER.match(p.name)
-        orphan = p.name.startswith(f".{prefix}@v") and ".tmp-" in p.name
-        if match and match["prefix"] == prefix:
-            orphan = version is None or int(match["version"]) > version
-        if orphan:
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+        return []
+    temporary = [p for p in adapters.iterdir()
+                 if p.name.startswith(f".{prefix}@v") and ".tmp-" in p.name]  # fmt: skip
+    newer = [p for v, p in _published(adapters, prefix) if version is None or v > version]
+    removed = sorted(temporary + newer)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+def _published(adapters: Path, prefix: str) -> list[tuple[int, Path]]:
+    """(version, folder) of every `prefix@vN` folder in `adapters`, oldest first."""
+    if not adapters.is_dir():
+        return []
+    found = [(int(m["version"]), p) for p in adapters.iterdir()
+             if (m := _ADAPTER.match(p.name)) and m["prefix"] == prefix]  # fmt: skip
+    return sorted(found)
 
 
 def prune_adapters(adapters: Path, newest: int, keep: int, prefix: str) -> list[Path]:
     """Remove the published adapter folders `prefix@vK` with K <= newest - keep, oldest
     first (`keep` 0: none). Returns what went."""
-    removed: list[Path] = []
-    if keep <= 0 or not adapters.is_dir():
-        return removed
-    found = [(int(m["version"]), p) for p in adapters.iterdir()
-             if (m := _ADAPTER.match(p.name)) and m["prefix"] == prefix]  # fmt: skip
-    for version, path in sorted(found):
-        if version <= newest - keep:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    if keep <= 0:
+        return []
+    removed = [p for v, p in _published(adapters, prefix) if v <= newest - keep]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
     return removed
 
 
