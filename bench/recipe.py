@@ -155,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         "--augment-copies", type=int, default=BCConfig().augment_copies,
         help="entity-swapped copies of each demonstration (learner.augment)",
     )  # fmt: skip
+    parser.add_argument(
+        "--copy-turns", type=int, default=BCConfig().copy_turns,
+        help="synthetic look-up-and-copy turns added to the BC data (learner.copying)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,
         torch_threads=args.threads, seed=args.seed, augment_copies=args.augment_copies,
+        copy_turns=args.copy_turns,
     )  # fmt: skip
     with LoadSampler(interval_s=5.0) as load:
         report = behaviour_clone(
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = out / f"recipe-curve-{stamp}.png"
     _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt, "
-          f"{args.augment_copies} swapped copies)")  # fmt: skip
+          f"{args.augment_copies} swapped copies, {args.copy_turns} copy turns)")  # fmt: skip
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",

@@ -25,7 +25,7 @@ START = "<!-- results:start -->"
 END = "<!-- results:end -->"
 
 # The order of the sections; benchmarks not listed here follow in name order.
-ORDER = ("rollout", "compression", "hotswap", "learner", "pipeline", "recipe", "learning")
+ORDER = ("rollout", "compression", "hotswap", "learner", "pipeline", "recipe", "errors", "learning")
 
 _NAME = re.compile(r"^(?P<bench>[a-z][a-z0-9_]*)-(?P<stamp>\d{8}-\d{6})\.json$")
 

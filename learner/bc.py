@@ -46,11 +46,12 @@ import structlog
 
 from learner.augment import swapped_copies
 from learner.batch import MicroBatch, TurnSample, collate, micro_batches, think_mask
+from learner.copying import copy_turns, vocabulary
 from learner.engine import lr_factor, resolve_device
 from learner.errors import DemonstrationError, LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
-from policy.prompt import SYSTEM_PROMPT, PromptRenderer, episode_messages
+from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages, episode_messages
 from policy.prompt import system_prompt as named_prompt
 from policy.tiny import model_profile
 from runtime.config import BCConfig, LearnerConfig
@@ -185,9 +186,6 @@ def demo_examples(
     eos_id = renderer.eos_token_id
     if eos_id is None:
         raise DemonstrationError("the tokenizer has no eos_token: no end token to learn")
-    decode: Callable[[Sequence[int]], str] = lambda ids: renderer.decode(  # noqa: E731
-        ids, skip_special_tokens=False
-    )
     examples: list[BCExample] = []
     checked = False
     for group in groups:
@@ -201,20 +199,64 @@ def demo_examples(
                 if not checked:
                     _check_template(renderer, messages, turn.text)
                     checked = True
-                completion = [*renderer.encode(turn.text), eos_id]
-                examples.append(
-                    BCExample(
-                        task_id=traj.task_id,
-                        episode_id=traj.episode_id,
-                        turn=turn.index,
-                        prompt_ids=tuple(renderer.render(messages)),
-                        completion_ids=tuple(completion),
-                        action_mask=tuple(think_mask(completion, decode)),
-                    )
-                )
+                example = _example(
+                    renderer, messages, turn.text,
+                    task_id=traj.task_id, episode_id=traj.episode_id, turn=turn.index,
+                )  # fmt: skip
+                examples.append(example)
     if not examples:
         raise DemonstrationError("no successful demonstration turns (reward > 0)")
     return examples
+
+
+def _example(
+    renderer: PromptRenderer,
+    messages: list[ChatMessage],
+    text: str,
+    *,
+    task_id: int,
+    episode_id: str,
+    turn: int,
+) -> BCExample:
+    """One turn: the rendered prompt, the reply and the end token, the reply's action mask."""
+    assert renderer.eos_token_id is not None  # checked by the callers
+    completion = [*renderer.encode(text), renderer.eos_token_id]
+    return BCExample(
+        task_id=task_id,
+        episode_id=episode_id,
+        turn=turn,
+        prompt_ids=tuple(renderer.render(messages)),
+        completion_ids=tuple(completion),
+        action_mask=tuple(
+            think_mask(completion, lambda ids: renderer.decode(ids, skip_special_tokens=False))
+        ),
+    )
+
+
+def copy_examples(
+    groups: Sequence[TrajectoryGroup],
+    renderer: PromptRenderer,
+    n: int,
+    *,
+    seed: int,
+    system_prompt: str,
+) -> list[BCExample]:
+    """`n` synthetic look-up-and-copy turns (`learner.copying`) over the words of `groups`,
+    rendered as round 0 of one-page episodes (task ids -1, episode ids "copy-K")."""
+    if renderer.eos_token_id is None:
+        raise DemonstrationError("the tokenizer has no eos_token: no end token to learn")
+    words = vocabulary(groups)
+    return [
+        _example(
+            renderer,
+            build_messages(t.intent, [], t.observation, system_prompt=system_prompt),
+            t.reply,
+            task_id=-1,
+            episode_id=f"copy-{k}",
+            turn=0,
+        )
+        for k, t in enumerate(copy_turns(words, n, seed))
+    ]
 
 
 def split_heldout(
@@ -410,6 +452,12 @@ def behaviour_clone(
             [g for g in groups if g.task_id in train_tasks], config.augment_copies, config.seed
         )
         train += examples_of(copies) if copies else []
+    if config.copy_turns:  # synthetic look-up-and-copy turns over the words of `demos`
+        held_tasks = {e.task_id for e in held} if heldout is None else set()
+        train += copy_examples(
+            [g for g in groups if g.task_id not in held_tasks], renderer, config.copy_turns,
+            seed=config.seed, system_prompt=system_prompt,
+        )  # fmt: skip
     try:
         return _train(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,

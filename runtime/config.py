@@ -291,6 +291,9 @@ class BCConfig(_Section, frozen=True):
     # Entity-swapped copies of every train demonstration added to the BC data
     # (learner.augment): task entities renamed consistently, so only copying fits them.
     augment_copies: NonNegative = 0
+    # Synthetic look-up-and-copy turns (learner.copying) added to the BC data: fresh
+    # entities of the sites' words that only copying from the task and the page fits.
+    copy_turns: NonNegative = 0
     # Full fine-tuning for tiny models, LoRA for large ones; "auto" decides by size.
     mode: Literal["auto", "full", "lora"] = "auto"
     seed: int = 0
