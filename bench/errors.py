@@ -1,7 +1,7 @@
 """Where a BC checkpoint's turns go wrong (issue 8): greedy replies to demonstrated prompts.
 
-    .venv/bin/python -m bench.errors --model DIR [--demos FILE] [--turns 400] [--seed 0]
-                                     [--out bench/out]
+    .venv/bin/python -m bench.errors --model DIR [--demos FILE] [--turns 400] [--copy]
+                                     [--seed 0] [--out bench/out]
 
 For a seeded sample of whole episodes of `--demos` (default: the oracle's test split that
 `bench.recipe` caches) holding about `--turns` turns, the checkpoint completes each turn's
@@ -19,7 +19,9 @@ The table splits the classes by the demonstrated action and tells, for the wrong
 how often the thought was wrong too: a wrong thought before a wrong action says the model
 lost track of the plan or the entity, a right thought before a wrong action says it could
 not find the element the thought names. Prints a table last; writes the JSON (with a few
-examples of each class) to `--out`.
+examples of each class) to `--out`. With `--copy` the turns are synthetic look-up-and-copy
+turns (`learner.copying`, another seed than BC's) over the words of `--demos`: whether
+the checkpoint can copy at all, on pages it has never seen.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.common import LoadSampler, format_table, load_note, write_result
+from policy.prompt import build_messages, episode_messages
 from runtime.actions import parse_completion, thought_of
 from runtime.errors import ParseError
-from runtime.messages import Action, TrajectoryGroup
+from runtime.messages import Action, ChatMessage, TrajectoryGroup
 
 CLASSES = ("same", "thought", "unparsed", "command", "element", "argument")
 
@@ -103,18 +106,62 @@ def _replies(
     return out
 
 
+class Case(NamedTuple):
+    """One turn to reply to: its episode, prompt and demonstrated reply."""
+
+    episode: str
+    messages: list[ChatMessage]
+    text: str
+    action: Action
+
+
+def demo_cases(demos: str, turns: int, seed: int, system_prompt: str) -> list[Case]:
+    """The turns of a seeded sample of whole episodes of `demos` (~`turns` turns)."""
+    from learner.bc import read_demos
+
+    cases = []
+    for group, k, t in sample_turns(read_demos(demos), turns, seed):
+        traj = group.trajectories[k]
+        turn = traj.turns[t]
+        assert turn.action is not None  # a successful demonstration's turns all acted
+        messages = episode_messages(traj.intent, traj.turns, system_prompt=system_prompt)[t]
+        cases.append(Case(traj.episode_id, messages, turn.text, turn.action))
+    return cases
+
+
+def copy_cases(demos: str, n: int, seed: int, system_prompt: str) -> list[Case]:
+    """`n` synthetic look-up-and-copy turns (learner.copying) over the words of `demos`,
+    drawn with another seed than BC's (`bc.seed`)."""
+    from learner.bc import read_demos
+    from learner.copying import copy_turns, vocabulary
+
+    turns = copy_turns(vocabulary(read_demos(demos)), n, seed + 1000)
+    return [
+        Case(
+            f"copy-{k}",
+            build_messages(t.intent, [], t.observation, system_prompt=system_prompt),
+            t.reply,
+            parse_completion(t.reply).action,
+        )
+        for k, t in enumerate(turns)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.errors", description=__doc__)
     parser.add_argument("--model", required=True, help="a BC checkpoint (a model folder)")
     parser.add_argument("--demos", default="bench/out/cache/demos-compact-test-0.jsonl")
     parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument(
+        "--copy", action="store_true",
+        help="reply to --turns synthetic copy turns over the words of --demos instead",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
 
-    from learner.bc import read_demos
-    from policy.prompt import PromptRenderer, episode_messages
+    from policy.prompt import PromptRenderer
     from policy.prompt import system_prompt as named_prompt
     from policy.tiny import model_profile
 
@@ -124,13 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     if eos_id is None:
         raise SystemExit(f"{model_dir}: the tokenizer has no eos_token")
     prompt_name = named_prompt(model_profile(model_dir).system_prompt)
-    groups = read_demos(args.demos)
-    picked = sample_turns(groups, args.turns, args.seed)
-    prompts = []
-    for group, k, t in picked:
-        traj = group.trajectories[k]
-        messages = episode_messages(traj.intent, traj.turns, system_prompt=prompt_name)[t]
-        prompts.append(renderer.render(messages))
+    make_cases = copy_cases if args.copy else demo_cases
+    cases = make_cases(args.demos, args.turns, args.seed, prompt_name)
+    prompts = [renderer.render(case.messages) for case in cases]
     started = time.monotonic()
     with LoadSampler(interval_s=5.0) as load:
         replies = [
@@ -142,18 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     wrong_thought: Counter[str] = Counter()  # class -> replies with the thought wrong too
     examples: dict[str, list[dict[str, str]]] = {c: [] for c in CLASSES}
     episode_ok: dict[str, bool] = {}
-    for (group, k, t), reply in zip(picked, replies, strict=True):
-        turn = group.trajectories[k].turns[t]
-        assert turn.action is not None  # a successful demonstration's turns all acted
-        cls, thought_ok = classify(reply, turn.text, turn.action)
-        column = demo_label(turn.action)
+    for case, reply in zip(cases, replies, strict=True):
+        cls, thought_ok = classify(reply, case.text, case.action)
+        column = demo_label(case.action)
         counts[cls, column] += 1
         counts[cls, "all"] += 1
         wrong_thought[cls] += not thought_ok
-        episode = group.trajectories[k].episode_id
-        episode_ok[episode] = episode_ok.get(episode, True) and cls in ("same", "thought")
+        episode_ok[case.episode] = episode_ok.get(case.episode, True) and cls in (
+            "same",
+            "thought",
+        )
         if len(examples[cls]) < 5:
-            examples[cls].append({"demonstrated": turn.text, "reply": reply})
+            examples[cls].append({"demonstrated": case.text, "reply": reply})
     columns = ["all", *sorted({c for _, c in counts} - {"all"})]
     totals = {c: sum(counts[k, c] for k in CLASSES) for c in columns}
     headers = ["class", *[f"{c} (n={totals[c]})" for c in columns], "thought wrong too"]
@@ -163,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         for cls in CLASSES
     ]  # fmt: skip
     action_ok = sum(ok for ok in episode_ok.values())
+    what = "synthetic copy turns" if args.copy else f"turns of {len(episode_ok)} test episodes"
     notes = [
-        f"{len(picked)} turns of {len(episode_ok)} test episodes, greedy replies to the "
-        f"demonstrated prompts in {seconds:.0f} s; {args.model}",
+        f"{len(cases)} {what}, greedy replies to the demonstrated prompts in {seconds:.0f} s; "
+        f"{args.model}",
         f"episodes whose every action is right (thoughts aside): {action_ok}/{len(episode_ok)} "
         f"({action_ok / max(1, len(episode_ok)):.1%})",
         load_note(load),

@@ -330,8 +330,9 @@ def _accuracy(
 
     if not examples:
         return _Scores(math.nan, math.nan, math.nan, math.nan)
-    action_hits: list[bool] = []
-    whole_hits: list[bool] = []
+    # (episode, hit) in micro-batch order: micro_batches sorts samples longest first
+    action_hits: list[tuple[str, bool]] = []
+    whole_hits: list[tuple[str, bool]] = []
     model.eval()
     with torch.no_grad():
         for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
@@ -340,18 +341,23 @@ def _accuracy(
             scored = mb.weights > 0
             width = mb.completion_width
             for row, sample in enumerate(mb_samples):
-                action_hits.append(bool((hit[row] | ~scored[row]).all()))
-                whole_hits.append(bool(hit[row, width - len(sample.completion_ids) :].all()))
+                episode = sample.episode_id
+                action_hits.append((episode, bool((hit[row] | ~scored[row]).all())))
+                whole = bool(hit[row, width - len(sample.completion_ids) :].all())
+                whole_hits.append((episode, whole))
 
-    def by_episode(hits: list[bool]) -> float:
+    def by_episode(hits: list[tuple[str, bool]]) -> float:
         episodes: dict[str, bool] = {}
-        for example, ok in zip(examples, hits, strict=True):
-            episodes[example.episode_id] = episodes.get(example.episode_id, True) and ok
+        for episode, ok in hits:
+            episodes[episode] = episodes.get(episode, True) and ok
         return sum(episodes.values()) / len(episodes)
 
-    n = len(examples)
+    n = len(action_hits)
     return _Scores(
-        sum(action_hits) / n, by_episode(action_hits), sum(whole_hits) / n, by_episode(whole_hits)
+        sum(ok for _, ok in action_hits) / n,
+        by_episode(action_hits),
+        sum(ok for _, ok in whole_hits) / n,
+        by_episode(whole_hits),
     )
 
 

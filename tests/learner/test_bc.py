@@ -141,6 +141,20 @@ def test_whole_turn_accuracy_counts_the_thought_action_accuracy_does_not() -> No
     assert scores.turns == 3 / 4 and scores.whole_turns == 2 / 4
     assert scores.episodes == 2 / 3 and scores.whole_episodes == 1 / 3
 
+    # micro-batches sort samples longest first: episode scores must follow the samples,
+    # not the input order (b's longer prompt puts it first; a's two misses stay in a)
+    miss = (4, 5, 6, 7, 8, 13, 9)
+    right = (4, 5, 6, 7, 8, 8, 9)
+    reordered = [
+        turn("a", 0, miss),
+        turn("a", 1, miss),
+        BCExample(1, "b", 0, (1, 2, 3, 3, 3), right, (True, False, False, True, True, True, True)),
+        turn("c", 0, right),
+    ]
+    scores = _accuracy(_NextTokenModel(16, miss=13), reordered, 8192, pad_id=0, device="cpu")
+    assert scores.turns == 2 / 4 and scores.episodes == 2 / 3
+    assert scores.whole_episodes == 2 / 3
+
 
 def test_bc_learns_the_demonstrated_behaviour(command_bc: tuple[Path, Any]) -> None:
     out, report = command_bc
