@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.common import LoadSampler, format_table, load_note, write_result
+from bench.common import LoadSampler, finish, load_note
 from policy.prompt import build_messages, episode_messages
 from runtime.actions import parse_completion, thought_of
 from runtime.errors import ParseError
@@ -216,16 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     title = "Greedy replies of a BC checkpoint against the demonstrated turns (share of turns)"
     table = {"title": title, "headers": headers, "rows": rows}
-    path = write_result(
-        args.out, "errors",
-        {"args": vars(args), "counts": {f"{k}|{c}": n for (k, c), n in counts.items()},
-         "examples": examples},
-        table=table, notes=notes, load=load,
-    )  # fmt: skip
-    print(format_table(headers, rows, title))
-    for line in notes:
-        print(line)
-    print(f"wrote {path}")
+    result = {"args": vars(args), "counts": {f"{k}|{c}": n for (k, c), n in counts.items()},
+              "examples": examples}  # fmt: skip
+    finish(args.out, "errors", result, table=table, notes=notes, load=load)
     return 0
 
 
