@@ -117,7 +117,7 @@ class Case(NamedTuple):
 
 def demo_cases(demos: str, turns: int, seed: int, system_prompt: str) -> list[Case]:
     """The turns of a seeded sample of whole episodes of `demos` (~`turns` turns)."""
-    from learner.bc import read_demos
+    from learner.demos import read_demos
 
     cases = []
     for group, k, t in sample_turns(read_demos(demos), turns, seed):
@@ -132,8 +132,8 @@ def demo_cases(demos: str, turns: int, seed: int, system_prompt: str) -> list[Ca
 def copy_cases(demos: str, n: int, seed: int, system_prompt: str) -> list[Case]:
     """`n` synthetic look-up-and-copy turns (learner.copying) over the words of `demos`,
     drawn with another seed than BC's (`bc.seed`)."""
-    from learner.bc import read_demos
     from learner.copying import copy_turns, vocabulary
+    from learner.demos import read_demos
 
     turns = copy_turns(vocabulary(read_demos(demos)), n, seed + 1000)
     return [

@@ -1,8 +1,8 @@
 """Behaviour cloning on demonstrations: the warm-up checkpoint RL starts from.
 
 Demonstrations are a trajectory store (JSON lines of `TrajectoryGroup`, as `webagent
-demos` writes them). Every turn of every successful trajectory (reward > 0) is one example,
-rendered exactly as a rollout renders it:
+demos` writes them). Every turn of every successful trajectory (reward > 0) is one example
+(`learner.demos`), rendered exactly as a rollout renders it:
 
 - messages = `policy.prompt.build_messages(intent, earlier completions, observation)`;
 - prompt ids = the model's `PromptRenderer` (its chat template, generation prompt on);
@@ -37,7 +37,6 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,17 +44,17 @@ import msgspec
 import structlog
 
 from learner.augment import swapped_copies
-from learner.batch import MicroBatch, TurnSample, collate, micro_batches, think_mask
-from learner.copying import copy_turns, vocabulary
+from learner.batch import MicroBatch, TurnSample, collate, micro_batches
+from learner.demos import BCExample, copy_examples, demo_examples, read_demos, split_heldout
 from learner.engine import lr_factor, resolve_device
-from learner.errors import DemonstrationError, LearnerError, TrainingError
+from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
-from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages, episode_messages
+from policy.prompt import PromptRenderer
 from policy.prompt import system_prompt as named_prompt
 from policy.tiny import model_profile
 from runtime.config import BCConfig, LearnerConfig
-from runtime.messages import ChatMessage, TrajectoryGroup, decode_group
+from runtime.messages import TrajectoryGroup
 
 __all__ = [
     "BCEval",
@@ -74,18 +73,6 @@ log = structlog.get_logger("learner.bc")
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 REPORT_FILE = "bc.json"
-
-
-@dataclass(frozen=True, slots=True)
-class BCExample:
-    """One demonstrated turn as token ids; `action_mask` marks the scored tokens."""
-
-    task_id: int
-    episode_id: str
-    turn: int
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    action_mask: tuple[bool, ...]
 
 
 class BCEval(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,142 +121,6 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     heldout_whole_accuracy: float = math.nan
     heldout_whole_episode_accuracy: float = math.nan
     history: list[BCEval] = []
-
-
-# --------------------------------------------------------------------------- data
-
-
-def read_demos(path: str | Path) -> list[TrajectoryGroup]:
-    """Groups of a trajectory-store file; a torn last line is skipped, any other bad line
-    is a DemonstrationError naming file and line."""
-    file = Path(path)
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        raise DemonstrationError(f"{file}: cannot read ({exc.strerror})") from exc
-    lines = data.split(b"\n")
-    groups = []
-    for number, line in enumerate(lines[:-1], start=1):  # after the last \n: torn or empty
-        if not line.strip():
-            continue
-        try:
-            groups.append(decode_group(line))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise DemonstrationError(f"{file}:{number}: not a trajectory group ({exc})") from exc
-    if not groups:
-        raise DemonstrationError(f"{file}: no demonstrations")
-    return groups
-
-
-def _check_template(renderer: PromptRenderer, messages: list[ChatMessage], text: str) -> None:
-    """The template must close an assistant turn with the end token right after its text."""
-    eos = renderer.special_tokens.get("eos_token", "")
-    prompt = renderer.render_text(messages, add_generation_prompt=True)
-    full = renderer.render_text(
-        [*messages, ChatMessage(role="assistant", content=text)], add_generation_prompt=False
-    )
-    if not full.startswith(prompt + text + eos):
-        raise DemonstrationError(
-            "the chat template does not render an assistant turn as generation prompt + "
-            f"text + {eos!r}; cannot tell which end token the model generates"
-        )
-
-
-def demo_examples(
-    groups: Sequence[TrajectoryGroup],
-    renderer: PromptRenderer,
-    *,
-    keep_thoughts: bool = False,
-    system_prompt: str = SYSTEM_PROMPT,
-) -> list[BCExample]:
-    """Every turn of every successful trajectory, rendered as rollouts render it."""
-    eos_id = renderer.eos_token_id
-    if eos_id is None:
-        raise DemonstrationError("the tokenizer has no eos_token: no end token to learn")
-    examples: list[BCExample] = []
-    checked = False
-    for group in groups:
-        for traj in group.trajectories:
-            if traj.reward <= 0:
-                continue
-            sent = episode_messages(
-                traj.intent, traj.turns, keep_thoughts=keep_thoughts, system_prompt=system_prompt
-            )
-            for turn, messages in zip(traj.turns, sent, strict=True):
-                if not checked:
-                    _check_template(renderer, messages, turn.text)
-                    checked = True
-                example = _example(
-                    renderer, messages, turn.text,
-                    task_id=traj.task_id, episode_id=traj.episode_id, turn=turn.index,
-                )  # fmt: skip
-                examples.append(example)
-    if not examples:
-        raise DemonstrationError("no successful demonstration turns (reward > 0)")
-    return examples
-
-
-def _example(
-    renderer: PromptRenderer,
-    messages: list[ChatMessage],
-    text: str,
-    *,
-    task_id: int,
-    episode_id: str,
-    turn: int,
-) -> BCExample:
-    """One turn: the rendered prompt, the reply and the end token, the reply's action mask."""
-    assert renderer.eos_token_id is not None  # checked by the callers
-    completion = [*renderer.encode(text), renderer.eos_token_id]
-    return BCExample(
-        task_id=task_id,
-        episode_id=episode_id,
-        turn=turn,
-        prompt_ids=tuple(renderer.render(messages)),
-        completion_ids=tuple(completion),
-        action_mask=tuple(
-            think_mask(completion, lambda ids: renderer.decode(ids, skip_special_tokens=False))
-        ),
-    )
-
-
-def copy_examples(
-    groups: Sequence[TrajectoryGroup],
-    renderer: PromptRenderer,
-    n: int,
-    *,
-    seed: int,
-    system_prompt: str,
-) -> list[BCExample]:
-    """`n` synthetic look-up-and-copy turns (`learner.copying`) over the words of `groups`,
-    rendered as round 0 of one-page episodes (task ids -1, episode ids "copy-K")."""
-    if renderer.eos_token_id is None:
-        raise DemonstrationError("the tokenizer has no eos_token: no end token to learn")
-    words = vocabulary(groups)
-    return [
-        _example(
-            renderer,
-            build_messages(t.intent, [], t.observation, system_prompt=system_prompt),
-            t.reply,
-            task_id=-1,
-            episode_id=f"copy-{k}",
-            turn=0,
-        )
-        for k, t in enumerate(copy_turns(words, n, seed))
-    ]
-
-
-def split_heldout(
-    examples: Sequence[BCExample], fraction: float, seed: int
-) -> tuple[list[BCExample], list[BCExample]]:
-    """(train, held-out), split by task id so held-out tasks are never trained on."""
-    tasks = sorted({e.task_id for e in examples})
-    random.Random(seed).shuffle(tasks)
-    n_held = min(len(tasks) - 1, max(1, round(fraction * len(tasks)))) if fraction > 0 else 0
-    held = set(tasks[:n_held])
-    return [e for e in examples if e.task_id not in held], [
-        e for e in examples if e.task_id in held
-    ]
 
 
 def _samples(examples: Sequence[BCExample], *, scoring: bool) -> list[TurnSample]:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from learner.bc import copy_examples
 from learner.copying import copy_turns, vocabulary
+from learner.demos import copy_examples
 from policy.prompt import PromptRenderer, build_messages
 from runtime.actions import parse_completion, thought_of
 from runtime.messages import Trajectory, TrajectoryGroup, Turn
