@@ -38,7 +38,7 @@ from bench.common import LoadSampler, finish, load_note
 from policy.prompt import build_messages, episode_messages
 from runtime.actions import parse_completion, thought_of
 from runtime.errors import ParseError
-from runtime.messages import Action, ChatMessage, TrajectoryGroup
+from runtime.messages import Action, ChatMessage
 
 CLASSES = ("same", "thought", "unparsed", "command", "element", "argument")
 
@@ -70,23 +70,10 @@ def demo_label(action: Action) -> str:
     return action.name if action.kind == "do" else action.kind
 
 
-def sample_turns(
-    groups: Sequence[TrajectoryGroup], turns: int, seed: int
-) -> list[tuple[TrajectoryGroup, int, int]]:
-    """(group, trajectory index, turn index) of whole successful episodes, ~`turns` turns."""
-    episodes = [(g, k) for g in groups for k, traj in enumerate(g.trajectories) if traj.reward > 0]
-    random.Random(seed).shuffle(episodes)
-    picked: list[tuple[TrajectoryGroup, int, int]] = []
-    for group, k in episodes:
-        if len(picked) >= turns:
-            break
-        picked += [(group, k, t) for t in range(len(group.trajectories[k].turns))]
-    return picked
-
-
 def _replies(
     model_dir: Path, prompts: Sequence[Sequence[int]], eos_id: int, max_new: int
 ) -> list[list[int]]:
+    """Greedy completions of `prompts` by the model in `model_dir`, one prompt at a time."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -116,16 +103,19 @@ class Case(NamedTuple):
 
 
 def demo_cases(demos: str, turns: int, seed: int, system_prompt: str) -> list[Case]:
-    """The turns of a seeded sample of whole episodes of `demos` (~`turns` turns)."""
+    """The turns of a seeded sample of whole successful episodes of `demos` (~`turns`)."""
     from learner.demos import read_demos
 
-    cases = []
-    for group, k, t in sample_turns(read_demos(demos), turns, seed):
-        traj = group.trajectories[k]
-        turn = traj.turns[t]
-        assert turn.action is not None  # a successful demonstration's turns all acted
-        messages = episode_messages(traj.intent, traj.turns, system_prompt=system_prompt)[t]
-        cases.append(Case(traj.episode_id, messages, turn.text, turn.action))
+    episodes = [t for g in read_demos(demos) for t in g.trajectories if t.reward > 0]
+    random.Random(seed).shuffle(episodes)
+    cases: list[Case] = []
+    for traj in episodes:
+        if len(cases) >= turns:
+            break
+        sent = episode_messages(traj.intent, traj.turns, system_prompt=system_prompt)
+        for turn, messages in zip(traj.turns, sent, strict=True):
+            assert turn.action is not None  # a successful demonstration's turns all acted
+            cases.append(Case(traj.episode_id, messages, turn.text, turn.action))
     return cases
 
 
