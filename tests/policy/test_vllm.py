@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import msgspec
 import psutil  # type: ignore[import-untyped]
 import pytest
 
@@ -160,30 +161,29 @@ async def test_adapter_in_use_stays_until_its_request_ends(
     prefix: str,
 ) -> None:
     client = CompletionClient(http, vllm_server.url)
-    # As long as the model allows, so that it outlasts the publish on a loaded machine.
-    long = SamplingParams(max_tokens=1500, temperature=0.0)
-    # Made before the request goes out: making it (a model load and a save) took longer
-    # than the whole 1500-token request on a loaded CI machine.
+    short = SamplingParams(max_tokens=24, temperature=0.0)
     v1 = lora_adapter(1, scale=0.5, seed=1)
     async with AdapterManager(client, prefix=prefix, staleness_window=0) as adapters:
         await adapters.publish(zero_adapter)
-        policy = VLLMPolicy(client, renderer, adapters, sampling=long, max_model_len=2048)
-        replies = []
-
-        async def one() -> None:
-            replies.append(await policy.act(_request(1)))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(one)
-            await anyio.wait_all_tasks_blocked()  # the request is out, holding v0
+        policy = VLLMPolicy(client, renderer, adapters, sampling=short, max_model_len=2048)
+        # A request in flight on v0 while v1 is published holds v0's lease, as VLLMPolicy
+        # does for each request. Held here rather than by a long generation: vLLM-CPU may
+        # load v1 only once that generation ends (8 s on a fast CI machine), so the swap
+        # could not be checked while it ran.
+        with adapters.lease() as held:
             swap = await adapters.publish(v1)
+            assert held.name == f"{prefix}@v0"
             assert swap.unloaded == []
             served = await client.models()
             assert f"{prefix}@v0" in served and f"{prefix}@v1" in served
             assert adapters.statistics().unloads_pending == [f"{prefix}@v0"]
+            # The held version still answers; a new request gets the new one.
+            pinned = await policy.act(msgspec.structs.replace(_request(1), adapter=held.name))
+            fresh = await policy.act(_request(2))
+            assert (pinned.adapter, fresh.adapter) == (f"{prefix}@v0", f"{prefix}@v1")
+            assert len(pinned.completion_token_ids) > 0
             assert adapters.statistics().in_flight[f"{prefix}@v0"] == 1
-        assert replies[0].adapter == f"{prefix}@v0"
-        assert len(replies[0].completion_token_ids) > 12
+            assert f"{prefix}@v0" in await client.models()
         with anyio.fail_after(30):
             await adapters.wait_unloaded()
         served = await client.models()
