@@ -159,11 +159,11 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
             if pid_file.exists() and pid_file.read_text().strip():
                 break
             psutil.wait_procs([psutil.Process(proc.pid)], timeout=0.05)
-        server_pid = int(pid_file.read_text())
-        assert psutil.pid_exists(server_pid)
+        # Taken while it runs: the server may be gone before the parent's wait returns.
+        server = psutil.Process(int(pid_file.read_text()))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        gone, alive = psutil.wait_procs([psutil.Process(server_pid)], timeout=10)
+        gone, alive = psutil.wait_procs([server], timeout=10)
         assert not alive, "the server outlived the process that started it"
         assert gone
     finally:
