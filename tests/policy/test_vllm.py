@@ -225,7 +225,12 @@ async def test_killed_server_fails_in_flight_calls_then_recovers(
         async with anyio.create_task_group() as tg:
             for i in range(4):
                 tg.start_soon(one, i)
-            await anyio.wait_all_tasks_blocked()
+            # All four hold v0 (their requests are going out), then the kill. Not
+            # wait_all_tasks_blocked: on a loaded CI machine it returned only after the
+            # four short samples had come back (finish_reason=stop, 3 s).
+            with anyio.fail_after(30):
+                while adapters.statistics().in_flight.get(f"{prefix}@v0", 0) < 4:  # noqa: ASYNC110
+                    await anyio.sleep(0.005)
             vllm_server.kill()
         assert len(errors) == 4
         assert all(isinstance(e, ServerUnavailableError) for e in errors), errors
