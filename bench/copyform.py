@@ -1,12 +1,12 @@
 """How fast the tiny model's copy circuit forms when the training signal is all copying (issue 8).
 
-    .venv/bin/python -m bench.copyform [--minutes 2] [--batch 32] [--lr 1e-3] [--seed 0]
+    .venv/bin/python -m bench.copyform [--steps 300] [--batch 32] [--lr 1e-3] [--seed 0]
                                        [--out bench/out]
 
 Behaviour cloning on the oracle's demonstrations does not teach the tiny model to copy in
 30 minutes (`bench.errors`: a third of the test turns write a frequent training entity
 instead of the task's). Here the fresh tiny model (`bench.common.tiny_model`) is trained on
-one synthetic task at a time, from the same initial weights, for `--minutes` each, on fresh
+one synthetic task at a time, from the same initial weights, for `--steps` steps each, on fresh
 sequences every step (so the training accuracy is held-out accuracy):
 
     repeat  a run of 32 random word tokens, then the same run again; targets: the second
@@ -100,12 +100,12 @@ def train(
     base: Path,
     make: Callable[[random.Random], Sequence_],
     *,
-    minutes: float,
+    steps: int,
     batch: int,
     lr: float,
     seed: int,
 ) -> dict[str, Any]:
-    """Train a fresh copy of `base` on sequences from `make` for `minutes`; the curve."""
+    """Train a fresh copy of `base` on sequences from `make` for `steps` steps; the curve."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -128,7 +128,7 @@ def train(
             curve.append(
                 (step, time.monotonic() - started, right.sum().item() / scored.sum().item())
             )
-        if time.monotonic() - started >= minutes * 60:
+        if step >= steps:
             break
         ids, labels = _batch([make(rng) for _ in range(batch)])
         for group in optimizer.param_groups:
@@ -160,7 +160,7 @@ def train(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=2.0, help="training time per task")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per task")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
             results[task] = train(
                 base,
                 makers[task],
-                minutes=args.minutes,
+                steps=args.steps,
                 batch=args.batch,
                 lr=args.lr,
                 seed=args.seed,
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         for task, r in results.items()
     ]
     table = {
-        "title": f"Copy tasks alone, the fresh tiny model, {args.minutes:g} min each "
+        "title": f"Copy tasks alone, the fresh tiny model, {args.steps} steps each "
         f"(batch {args.batch}, lr {args.lr:g})",
         "headers": [
             "task",
