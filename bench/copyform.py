@@ -38,7 +38,7 @@ RUN = 32
 GAP = 400
 IGNORE = -100  # torch's cross-entropy ignore_index: not a target
 
-Sequence_ = tuple[list[int], list[int]]  # token ids, labels (IGNORE where not a target)
+Example = tuple[list[int], list[int]]  # token ids, labels (IGNORE where not a target)
 
 
 def site_words() -> list[str]:
@@ -49,7 +49,7 @@ def site_words() -> list[str]:
     return sorted({w for pool in pools for w in pool if w.isalpha()})
 
 
-def repeat_sequence(rng: random.Random, pool: Sequence[int], gap: int = 0) -> Sequence_:
+def repeat_sequence(rng: random.Random, pool: Sequence[int], gap: int = 0) -> Example:
     """A run of RUN tokens of `pool`, `gap` other tokens, the run again; the second run's
     tokens after its first are the targets."""
     run = [rng.choice(pool) for _ in range(RUN)]
@@ -60,14 +60,18 @@ def repeat_sequence(rng: random.Random, pool: Sequence[int], gap: int = 0) -> Se
 
 
 def lookup_sequence(
-    rng: random.Random, encode: Callable[[str], list[int]], words: Sequence[str]
-) -> Sequence_:
-    """Page lines `role K [id]`, then `click K [id]` for four of them; the ids of the
-    queries are the targets."""
+    rng: random.Random,
+    encode: Callable[[str], list[int]],
+    words: Sequence[str],
+    queries: int = 4,
+) -> Example:
+    """Page lines `role K [id]`, then `click K [id]` for `queries` of them (at most all
+    of them); the ids of the queries are the targets."""
     n = rng.randint(8, 14)
     keys: list[str] = []
+    pool = list(words)
     while len(keys) < n:
-        key = " ".join(rng.sample(list(words), rng.randint(1, 2)))
+        key = " ".join(rng.sample(pool, rng.randint(1, 2)))
         if key not in keys:
             keys.append(key)
     numbers = rng.sample(range(1, 60), n)
@@ -76,15 +80,16 @@ def lookup_sequence(
     )
     ids = encode(page)
     labels = [IGNORE] * len(ids)
-    for j in rng.sample(range(n), 4):
+    newline = encode("\n")
+    for j in rng.sample(range(n), min(queries, n)):
         query = encode(f"click {keys[j]}")
         answer = encode(f" [{numbers[j]}]")
-        ids += query + answer + encode("\n")
-        labels += [IGNORE] * len(query) + answer + [IGNORE] * len(encode("\n"))
+        ids += query + answer + newline
+        labels += [IGNORE] * len(query) + answer + [IGNORE] * len(newline)
     return ids, labels
 
 
-def _batch(examples: Sequence[Sequence_]) -> tuple[Any, Any]:
+def _batch(examples: Sequence[Example]) -> tuple[Any, Any]:
     import torch
 
     width = max(len(ids) for ids, _ in examples)
@@ -98,7 +103,7 @@ def _batch(examples: Sequence[Sequence_]) -> tuple[Any, Any]:
 
 def train(
     base: Path,
-    make: Callable[[random.Random], Sequence_],
+    make: Callable[[random.Random], Example],
     *,
     steps: int,
     batch: int,
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     renderer = PromptRenderer.from_model(base)
     words = site_words()
     pool = sorted({t for w in words for t in renderer.encode(f" {w}")})
-    makers: dict[str, Callable[[random.Random], Sequence_]] = {
+    makers: dict[str, Callable[[random.Random], Example]] = {
         "repeat": lambda rng: repeat_sequence(rng, pool),
         "far": lambda rng: repeat_sequence(rng, pool, GAP),
         "lookup": lambda rng: lookup_sequence(rng, renderer.encode, words),
