@@ -50,9 +50,10 @@ from learner.engine import lr_factor, resolve_device
 from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
+from policy.induction import freeze_induction
 from policy.prompt import PromptRenderer
 from policy.prompt import system_prompt as named_prompt
-from policy.tiny import model_profile
+from policy.tiny import induction_heads, model_profile
 from runtime.config import BCConfig, LearnerConfig
 from runtime.messages import TrajectoryGroup
 
@@ -356,6 +357,8 @@ def _train(
         mode = "full" if parameters <= config.full_max_params else "lora"
     if mode == "lora":
         model = attach_lora(model, lora)
+    elif planted := induction_heads(base_model):
+        freeze_induction(model, planted)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)

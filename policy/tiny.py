@@ -40,6 +40,7 @@ __all__ = [
     "TinyModelSpec",
     "TokenizerRecipe",
     "base_corpus",
+    "induction_heads",
     "make_tiny_model",
     "model_profile",
     "train_tokenizer",
@@ -83,6 +84,10 @@ class TinyModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
+    # Key-value heads that start as a hand-set induction circuit (policy.induction), kept
+    # frozen in BC: look-up-and-copy works from step 0 instead of after a plateau that BC
+    # on this CPU does not get through. 0: none.
+    induction_heads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -121,6 +126,19 @@ class ModelProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 TINY_PROFILE = ModelProfile(observation_style="compact", system_prompt="short")
 # The tokenizer `webagent model init` makes (issue 8): words and ids as whole tokens.
 TINY_RECIPE = TokenizerRecipe(split="ids")
+
+
+def induction_heads(model: str | Path) -> int:
+    """Key-value heads of `model` (a folder or a hub id) planted as an induction circuit
+    (its `tiny_model.json`'s spec; 0 for any other model)."""
+    info = Path(model) / INFO_FILE
+    if not info.is_file():
+        return 0
+    return msgspec.json.decode(info.read_bytes(), type=_SpecOnly).spec.induction_heads
+
+
+class _SpecOnly(msgspec.Struct, frozen=True, kw_only=True):
+    spec: TinyModelSpec = TinyModelSpec()
 
 
 def model_profile(model: str | Path) -> ModelProfile:
@@ -304,6 +322,10 @@ def make_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    if spec.induction_heads:
+        from policy.induction import plant_induction
+
+        plant_induction(model, seed=seed, kv_heads_used=spec.induction_heads)
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None
     )

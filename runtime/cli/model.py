@@ -30,21 +30,41 @@ def register(sub: Any) -> None:
     init.add_argument("--out", required=True, metavar="DIR", help="folder to create")
     init.add_argument("--seed", type=int, default=0, help="seed of the weights and the corpus")
     init.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    init.add_argument(
+        "--induction-heads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="key-value heads per layer set as a look-up-and-copy (induction) circuit, kept "
+        "frozen in BC (policy.induction; default: the recipe's)",
+    )
     init.set_defaults(func=_init)
 
 
 def _init(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from policy.tiny import TinyModelSpec
     from runtime.modelinit import init_tiny_model
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UsageError(f"{out} exists; pass --force to replace it")
+    spec = TinyModelSpec()
+    if args.induction_heads is not None:
+        if not 0 <= args.induction_heads <= spec.num_kv_heads:
+            raise UsageError(
+                f"--induction-heads {args.induction_heads}: the tiny model has "
+                f"{spec.num_kv_heads} key-value heads a layer (0 to {spec.num_kv_heads})"
+            )
+        spec = msgspec.structs.replace(spec, induction_heads=args.induction_heads)
     started = time.monotonic()
-    info = anyio.run(lambda: init_tiny_model(out, seed=args.seed, overwrite=args.force))
+    info = anyio.run(lambda: init_tiny_model(out, seed=args.seed, spec=spec, overwrite=args.force))
     print(
         f"made {out}: Qwen2 {info.spec.num_layers} layers x {info.spec.hidden_size}, "
         f"{info.parameters / 1e6:.2f}M parameters, vocabulary {info.vocab_size}, "
-        f"seed {info.seed} ({time.monotonic() - started:.1f} s)",
+        f"seed {info.seed}, {info.spec.induction_heads} induction heads "
+        f"({time.monotonic() - started:.1f} s)",
         file=sys.stdout,
     )
     return 0

@@ -151,3 +151,13 @@ def test_model_init_command(tmp_path: Path) -> None:
     again = _webagent("model", "init", "--out", str(out))
     assert again.returncode == 2
     assert "exists" in again.stderr
+    bad = _webagent("model", "init", "--out", str(tmp_path / "x"), "--induction-heads", "3")
+    assert bad.returncode == 2
+    assert "--induction-heads 3: the tiny model has 2 key-value heads" in bad.stderr
+    assert not (tmp_path / "x").exists()
+    planted = _webagent("model", "init", "--out", str(tmp_path / "p"), "--induction-heads", "1")
+    assert planted.returncode == 0, planted.stderr
+    assert "1 induction heads" in planted.stdout
+    assert (
+        json.loads((tmp_path / "p" / "tiny_model.json").read_text())["spec"]["induction_heads"] == 1
+    )
