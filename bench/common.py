@@ -286,10 +286,10 @@ def finish(
     return path
 
 
-def tiny_model(out: str | Path, seed: int = 0) -> Path:
+def tiny_model(out: str | Path, seed: int = 0, induction_heads: int | None = None) -> Path:
     """The tiny model (`webagent model init`), made once under `{out}/cache/tiny-{seed}-{key}`,
-    the key a digest of the default model spec and tokenizer recipe (a new recipe, a new
-    model)."""
+    the key a digest of the model spec and tokenizer recipe (a new recipe, a new model).
+    `induction_heads` None: the default spec's."""
     import hashlib
     import inspect
 
@@ -298,14 +298,17 @@ def tiny_model(out: str | Path, seed: int = 0) -> Path:
     from runtime.modelinit import init_tiny_model
 
     defaults = inspect.signature(init_tiny_model).parameters
-    recipe = msgspec.json.encode([defaults["spec"].default, defaults["recipe"].default])
+    spec = defaults["spec"].default
+    if induction_heads is not None:
+        spec = msgspec.structs.replace(spec, induction_heads=induction_heads)
+    recipe = msgspec.json.encode([spec, defaults["recipe"].default])
     key = hashlib.sha256(recipe).hexdigest()[:8]
     folder = Path(out) / "cache" / f"tiny-{seed}-{key}"
     if not (folder / "config.json").is_file():
         import anyio
 
         folder.parent.mkdir(parents=True, exist_ok=True)
-        anyio.run(lambda: init_tiny_model(folder, seed=seed, overwrite=True))
+        anyio.run(lambda: init_tiny_model(folder, seed=seed, spec=spec, overwrite=True))
     return folder
 
 

@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.recipe [--minutes 30] [--eval-every 100] [--seed 0]
                                      [--split ids|words|qwen2] [--prompt short|full]
                                      [--rollout-tasks 219] [--augment-copies 0]
+                                     [--induction 0]
                                      [--out bench/out]
 
 1. makes the tiny model with the recipe (`webagent model init`: the "ids" tokenizer, the
@@ -36,19 +37,24 @@ import msgspec
 
 from bench.common import LoadSampler, format_table, load_note, write_result
 from policy.prompt import system_prompt
-from policy.tiny import TINY_RECIPE, TokenizerRecipe
+from policy.tiny import TINY_RECIPE, TinyModelSpec, TokenizerRecipe
 from runtime.config import BCConfig, Config
 from runtime.modelinit import init_tiny_model, resolve_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _model(out: Path, seed: int, split: str) -> Path:
-    folder = out / "cache" / f"recipe-tiny-{split}-{seed}"
+def _model(out: Path, seed: int, split: str, induction: int) -> Path:
+    folder = (
+        out / "cache" / f"recipe-tiny-{split}-{f'induction{induction}-' if induction else ''}{seed}"
+    )
     if not (folder / "config.json").is_file():
         recipe = msgspec.structs.replace(TINY_RECIPE, split=split)
         assert isinstance(recipe, TokenizerRecipe)
-        anyio.run(lambda: init_tiny_model(folder, seed=seed, recipe=recipe, overwrite=True))
+        spec = TinyModelSpec(induction_heads=induction)
+        anyio.run(
+            lambda: init_tiny_model(folder, seed=seed, spec=spec, recipe=recipe, overwrite=True)
+        )
     return folder
 
 
@@ -149,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split", default="ids", choices=["ids", "words", "qwen2"])
     parser.add_argument("--prompt", default="short", choices=["short", "full"])
+    parser.add_argument(
+        "--induction", type=int, default=TinyModelSpec().induction_heads,
+        help="key-value heads planted as an induction circuit (policy.induction; 0: none)",
+    )  # fmt: skip
     parser.add_argument("--rollout-tasks", type=int, default=219)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument(
@@ -165,11 +175,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from learner.bc import behaviour_clone
 
-    base = _model(out, args.seed, args.split)
+    induction = args.induction
+    base = _model(out, args.seed, args.split, induction)
     train = _demos(out, args.seed, "train")
     test = _demos(out, args.seed, "test")
     steps = _steps_by_task(test)
-    bc_dir = out / "cache" / f"recipe-bc-{args.split}-{args.prompt}-{args.seed}"
+    variant = (
+        f"{args.split}-{args.prompt}-{f'induction{induction}-' if induction else ''}{args.seed}"
+    )
+    bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,
         torch_threads=args.threads, seed=args.seed, augment_copies=args.augment_copies,
@@ -185,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = out / f"recipe-curve-{stamp}.png"
     _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt, "
-          f"{args.augment_copies} swapped copies, {args.copy_turns} copy turns)")  # fmt: skip
+          f"induction {args.induction}, {args.augment_copies} swapped copies, "
+          f"{args.copy_turns} copy turns)")  # fmt: skip
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
