@@ -1,21 +1,29 @@
 """How fast the tiny model's copy circuit forms when the training signal is all copying (issue 8).
 
     .venv/bin/python -m bench.copyform [--steps 300] [--batch 32] [--lr 1e-3] [--seed 0]
-                                       [--out bench/out]
+                                       [--models fresh planted] [--out bench/out]
 
 Behaviour cloning on the oracle's demonstrations does not teach the tiny model to copy in
 30 minutes (`bench.errors`: a third of the test turns write a frequent training entity
-instead of the task's). Here the fresh tiny model (`bench.common.tiny_model`) is trained on
-one synthetic task at a time, from the same initial weights, for `--steps` steps each, on fresh
-sequences every step (so the training accuracy is held-out accuracy):
+instead of the task's). Here the tiny model (`bench.common.tiny_model`) is trained on one
+synthetic task at a time, from the same initial weights, for `--steps` steps each, on fresh
+sequences every step (so the training accuracy is held-out accuracy), as two models:
+"fresh" (random weights) and "planted" (one key-value head of each layer set as an
+induction circuit, `policy.induction`, and kept frozen as BC keeps it):
 
-    repeat  a run of 32 random word tokens, then the same run again; targets: the second
-            run after its first token (31 a sequence). The textbook induction task.
-    far     the same with 400 random word tokens between the two runs, about as far as a
-            turn's reply is from the task's intent in a BC prompt.
-    lookup  8-14 page lines as compact observations write them (`link Kelby Socks [7]`,
-            1-2 of the sites' words, ids 1-59), then `click Kelby Socks [7]` for four of them;
-            targets: the id after the words (4 a sequence). The element look-up of a Click.
+    repeat   a run of 32 random word tokens, then the same run again; targets: the second
+             run after its first token (31 a sequence). The textbook induction task, but
+             the copy always stands 32 positions back, so attending by position fits it.
+    shifted  the same copy at a random distance: 0-40 tokens before the run, a run of
+             8-40, 0-120 tokens between the two; only attending by content (an induction
+             head: find the earlier occurrence of this token, copy what followed it) fits.
+    lookup   8-14 page lines as compact observations write them (`link Kelby Socks [7]`,
+             1-2 of the sites' words, ids 1-59), then `click Kelby Socks [7]` for four of
+             them; targets: the id after the words (4 a sequence). The element look-up of
+             a Click.
+    id-first the same with the id before the words on the page (`link [7] Kelby Socks`),
+             the other placement the issue asks to measure: the id can then be read into
+             the words' positions as the page is read, a content match away from the query.
 
 The table says after how many steps the targets were right half and 90% of the time (a
 seeded batch scored every 25 steps), and the accuracy at the end. Prints the table last;
@@ -32,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import LoadSampler, finish, load_note, tiny_model
+from policy.induction import freeze_induction
+from policy.tiny import induction_heads
 
-TASKS = ("repeat", "far", "lookup")
+TASKS = ("repeat", "shifted", "lookup", "id-first")
+MODELS = {"fresh": 0, "planted": 1}  # name -> key-value heads planted as an induction circuit
 RUN = 32
-GAP = 400
 IGNORE = -100  # torch's cross-entropy ignore_index: not a target
 
 Example = tuple[list[int], list[int]]  # token ids, labels (IGNORE where not a target)
@@ -59,14 +69,26 @@ def repeat_sequence(rng: random.Random, pool: Sequence[int], gap: int = 0) -> Ex
     return ids, labels
 
 
+def shifted_sequence(rng: random.Random, pool: Sequence[int]) -> Example:
+    """`repeat_sequence` at a random distance: 0-40 tokens, a run of 8-40, 0-120 tokens, the
+    run again; the second run's tokens after its first are the targets."""
+    before = [rng.choice(pool) for _ in range(rng.randint(0, 40))]
+    run = [rng.choice(pool) for _ in range(rng.randint(8, 40))]
+    between = [rng.choice(pool) for _ in range(rng.randint(0, 120))]
+    ids = before + run + between + run
+    labels = [IGNORE] * (len(ids) - len(run) + 1) + run[1:]
+    return ids, labels
+
+
 def lookup_sequence(
     rng: random.Random,
     encode: Callable[[str], list[int]],
     words: Sequence[str],
     queries: int = 4,
+    id_first: bool = False,
 ) -> Example:
-    """Page lines `role K [id]`, then `click K [id]` for `queries` of them (at most all
-    of them); the ids of the queries are the targets."""
+    """Page lines `role K [id]` (`role [id] K` if `id_first`), then `click K [id]` for
+    `queries` of them (at most all of them); the ids of the queries are the targets."""
     n = rng.randint(8, 14)
     keys: list[str] = []
     pool = list(words)
@@ -75,9 +97,8 @@ def lookup_sequence(
         if key not in keys:
             keys.append(key)
     numbers = rng.sample(range(1, 60), n)
-    page = "".join(
-        f"{rng.choice(('link', 'button'))} {k} [{i}]\n" for k, i in zip(keys, numbers, strict=True)
-    )
+    lines = (f"[{i}] {k}" if id_first else f"{k} [{i}]" for k, i in zip(keys, numbers, strict=True))
+    page = "".join(f"{rng.choice(('link', 'button'))} {line}\n" for line in lines)
     ids = encode(page)
     labels = [IGNORE] * len(ids)
     newline = encode("\n")
@@ -116,6 +137,8 @@ def train(
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if planted := induction_heads(base):
+        freeze_induction(model, planted)  # as BC keeps it
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     probe_ids, probe_labels = _batch([make(random.Random(seed + 10_000 + k)) for k in range(batch)])
@@ -170,33 +193,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument(
+        "--models", nargs="+", choices=MODELS, default=list(MODELS),
+        help="fresh: random weights; planted: with the induction circuit (policy.induction)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
 
     from policy.prompt import PromptRenderer
 
-    base = tiny_model(args.out, args.seed)
-    renderer = PromptRenderer.from_model(base)
+    bases = {name: tiny_model(args.out, args.seed, heads) for name, heads in MODELS.items()}
+    renderer = PromptRenderer.from_model(bases["fresh"])  # the same tokenizer in both
     words = site_words()
     pool = sorted({t for w in words for t in renderer.encode(f" {w}")})
     makers: dict[str, Callable[[random.Random], Example]] = {
         "repeat": lambda rng: repeat_sequence(rng, pool),
-        "far": lambda rng: repeat_sequence(rng, pool, GAP),
+        "shifted": lambda rng: shifted_sequence(rng, pool),
         "lookup": lambda rng: lookup_sequence(rng, renderer.encode, words),
+        "id-first": lambda rng: lookup_sequence(rng, renderer.encode, words, id_first=True),
     }
     results: dict[str, dict[str, Any]] = {}
     with LoadSampler(interval_s=5.0) as load:
         for task in args.tasks:
-            results[task] = train(
-                base,
-                makers[task],
-                steps=args.steps,
-                batch=args.batch,
-                lr=args.lr,
-                seed=args.seed,
-            )
-            done = results[task]
-            print(f"{task}: {done['steps']} steps, final accuracy {done['final_accuracy']:.3f}")
+            for name in args.models:
+                done = results[f"{task} ({name})"] = train(
+                    bases[name],
+                    makers[task],
+                    steps=args.steps,
+                    batch=args.batch,
+                    lr=args.lr,
+                    seed=args.seed,
+                )
+                print(f"{task} ({name}): {done['steps']} steps, final {done['final_accuracy']:.3f}")
     rows = [
         [
             task,
@@ -211,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         for task, r in results.items()
     ]
     table = {
-        "title": f"Copy tasks alone, the fresh tiny model, {args.steps} steps each "
+        "title": f"Copy tasks alone, the tiny model fresh and planted, {args.steps} steps each "
         f"(batch {args.batch}, lr {args.lr:g})",
         "headers": [
             "task",
@@ -225,11 +253,12 @@ def main(argv: list[str] | None = None) -> None:
         ],
         "rows": rows,
     }
-    notes = [f"model {base}; '-': not reached", load_note(load)]
+    models = ", ".join(f"{name} {bases[name]}" for name in args.models)
+    notes = [f"models: {models}; '-': not reached", load_note(load)]
     finish(
         args.out,
         "copyform",
-        {"args": vars(args), "model": str(base), "results": results},
+        {"args": vars(args), "models": {k: str(v) for k, v in bases.items()}, "results": results},
         table=table,
         notes=notes,
         load=load,
