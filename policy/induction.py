@@ -6,23 +6,30 @@ compact page stays at chance after 300-1000 steps; a run repeated at a random di
 too). Copying that works at any distance is an induction head: a first-layer head writes
 each position's previous token into it, and a second-layer head finds where the current
 token stood before and copies what followed it. Gradient descent reaches that pair only
-after a long plateau, so the recipe writes it into the initial weights instead and lets
-behaviour cloning train everything from there.
+after a long plateau, so this writes it into the initial weights instead, and behaviour
+cloning trains the rest of the model around it (`freeze_induction`). It does not make BC
+faster on the built-in tasks (README: a reply writes the element id as digits after
+`element="`, not after the entity's words), so tiny models are made without it by default.
 
-The residual stream is split in two halves: the token embedding lives in the first half
-(the second half of every embedding row is zeroed; the tied output head reads the first
-half only), and layer 0 writes the previous token into the second half.
+The last `head_dim` dimensions of the residual stream per planted key-value head are
+reserved for the previous token: they are zeroed in every embedding row (the tied output
+head does not read them), and layer 0 writes the previous token there.
 
-- Layer 0, the first query head of each key-value head: query and key are constant
-  (biases only); RoPE turns their product into a function of the distance alone, and the
-  biases are set so that it peaks at a distance of one on the fast-rotating pairs. Value
-  and output move this key-value head's share of the first half into the second half.
-- Layer 1, the same heads: the query reads the current token (first half), the key reads
-  the previous token (second half), through the same random projection onto RoPE's
-  slowest pairs (so the match barely depends on distance); value and output copy the
-  matched position's token (its share of the first half), amplified, into the first half.
-- The other query heads' outputs and both MLPs' down projections start at zero, so the
-  circuit is not drowned in noise; they get gradients and grow in training.
+- Layer 0, the first query head of each planted key-value head: query and key are
+  constant (biases only); RoPE turns their product into a function of the distance alone,
+  and the biases are set so that it peaks at a distance of one on the fast-rotating pairs.
+  Value and output move the token's share (`head_dim` dimensions of the embedding) into
+  the reserved dimensions.
+- Layer 1, the same heads: the query reads the current token's share, the key reads the
+  previous token's, through the same random projection onto RoPE's slowest pairs (so the
+  match barely depends on distance); value and output copy the matched position's token
+  share, amplified, back onto the token's share.
+- The other query heads' outputs and both MLPs' down projections are scaled down (0.1), so
+  the circuit is not drowned in noise; they train and grow.
+
+Measured on the fresh tiny model (hidden 256, 2 layers; `bench.copyform`): one planted head
+looks the id up on compact page lines 0.89 of the time at step 0, where 300 steps of
+training on look-ups alone leave the fresh model at chance.
 
 `plant_induction` changes the model in place; nothing else about the model changes (it is
 a plain Qwen2 that transformers and vLLM load).
