@@ -44,10 +44,13 @@ from runtime.modelinit import init_tiny_model, resolve_profile
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _planted(induction: int) -> str:
+    """The cache names' part for planted induction heads ("" for none: the old names)."""
+    return f"induction{induction}-" if induction else ""
+
+
 def _model(out: Path, seed: int, split: str, induction: int) -> Path:
-    folder = (
-        out / "cache" / f"recipe-tiny-{split}-{f'induction{induction}-' if induction else ''}{seed}"
-    )
+    folder = out / "cache" / f"recipe-tiny-{split}-{_planted(induction)}{seed}"
     if not (folder / "config.json").is_file():
         recipe = msgspec.structs.replace(TINY_RECIPE, split=split)
         assert isinstance(recipe, TokenizerRecipe)
@@ -175,14 +178,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from learner.bc import behaviour_clone
 
-    induction = args.induction
-    base = _model(out, args.seed, args.split, induction)
+    base = _model(out, args.seed, args.split, args.induction)
     train = _demos(out, args.seed, "train")
     test = _demos(out, args.seed, "test")
     steps = _steps_by_task(test)
-    variant = (
-        f"{args.split}-{args.prompt}-{f'induction{induction}-' if induction else ''}{args.seed}"
-    )
+    variant = f"{args.split}-{args.prompt}-{_planted(args.induction)}{args.seed}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,

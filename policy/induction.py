@@ -38,7 +38,7 @@ a plain Qwen2 that transformers and vLLM load).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["freeze_induction", "plant_induction"]
 
@@ -47,6 +47,20 @@ _SLOW_RADIANS = 1e-3
 # Fast pairs that place the previous-token head's peak, and its logit scale.
 _FAST_PAIRS = 8
 _PREVIOUS_SCALE = 120.0
+
+
+class _Layout(NamedTuple):
+    """Where the circuit of `used` key-value heads sits in a model."""
+
+    head_dim: int
+    per_kv: int  # query heads per key-value head; head kv * per_kv is planted
+    reserved: int  # the previous tokens' dimensions: reserved to the end of the residual
+
+
+def _layout(config: Any, used: int) -> _Layout:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_kv = config.num_attention_heads // config.num_key_value_heads
+    return _Layout(head_dim, per_kv, config.hidden_size - used * head_dim)
 
 
 def plant_induction(
@@ -73,8 +87,8 @@ def plant_induction(
     config = model.config
     hidden = config.hidden_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
     used = kv_heads if kv_heads_used is None else kv_heads_used
+    head_dim, per_kv, reserved = _layout(config, used)
     if config.num_hidden_layers < 2:
         raise ValueError(
             f"an induction circuit needs 2 layers, the model has {config.num_hidden_layers}"
@@ -92,9 +106,7 @@ def plant_induction(
     if not slow:
         raise ValueError(f"rope_theta {theta}: no RoPE pair is slow enough to match tokens by")
     match_dims = slow + [j + head_dim // 2 for j in slow]
-    per_kv = heads // kv_heads
     planted = {kv * per_kv for kv in range(used)}
-    reserved = hidden - used * head_dim  # the previous tokens' dimensions start here
     generator = torch.Generator().manual_seed(seed)
 
     with torch.no_grad():
@@ -115,12 +127,7 @@ def plant_induction(
             previous_share = slice(reserved + kv * head_dim, reserved + (kv + 1) * head_dim)
 
             attention = first.self_attn
-            _rows(attention.q_proj.weight, head, head_dim).zero_()
-            _rows(attention.k_proj.weight, kv, head_dim).zero_()
-            query_bias = _rows(attention.q_proj.bias, head, head_dim)
-            key_bias = _rows(attention.k_proj.bias, kv, head_dim)
-            query_bias.zero_()
-            key_bias.zero_()
+            _, query_bias, _, key_bias = _clear_query_key(attention, head, kv, head_dim)
             for j in range(_FAST_PAIRS):
                 # q . k after RoPE = sum_j cos(f_j (distance - 1)) * scale: peaks at distance 1.
                 query_bias[j] = _PREVIOUS_SCALE * math.cos(frequencies[j])
@@ -139,12 +146,7 @@ def plant_induction(
             attention = second.self_attn
             projection = torch.randn(len(match_dims), head_dim, generator=generator)
             projection /= math.sqrt(head_dim)
-            query = _rows(attention.q_proj.weight, head, head_dim)
-            key = _rows(attention.k_proj.weight, kv, head_dim)
-            query.zero_()
-            key.zero_()
-            _rows(attention.q_proj.bias, head, head_dim).zero_()
-            _rows(attention.k_proj.bias, kv, head_dim).zero_()
+            query, _, key, _ = _clear_query_key(attention, head, kv, head_dim)
             query[match_dims, token_share] = projection * match_scale
             key[match_dims, previous_share] = projection
             _copy(
@@ -166,11 +168,7 @@ def freeze_induction(model: Any, kv_heads_used: int) -> list[Any]:
     shrink them (BC's default is none). Returns the hook handles."""
     import torch
 
-    config = model.config
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    per_kv = heads // kv_heads
-    reserved = config.hidden_size - kv_heads_used * head_dim
+    head_dim, per_kv, reserved = _layout(model.config, kv_heads_used)
     masks: dict[int, tuple[Any, Any]] = {}  # id -> (parameter, entries kept)
 
     def mask(parameter: Any) -> Any:
@@ -200,6 +198,20 @@ def freeze_induction(model: Any, kv_heads_used: int) -> list[Any]:
 def _rows(weight: Any, index: int, size: int) -> Any:
     """Rows `index * size` to `(index + 1) * size` of `weight` (a view)."""
     return weight[index * size : (index + 1) * size]
+
+
+def _clear_query_key(attention: Any, head: int, kv: int, head_dim: int) -> tuple[Any, ...]:
+    """Zero query head `head`'s and key-value head `kv`'s query and key rows; returns the
+    views (query weight, query bias, key weight, key bias) to set."""
+    views = (
+        _rows(attention.q_proj.weight, head, head_dim),
+        _rows(attention.q_proj.bias, head, head_dim),
+        _rows(attention.k_proj.weight, kv, head_dim),
+        _rows(attention.k_proj.bias, kv, head_dim),
+    )
+    for view in views:
+        view.zero_()
+    return views
 
 
 def _copy(

@@ -19,7 +19,7 @@ import random
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
+_T = TypeVar("_T")
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -131,10 +132,8 @@ TINY_RECIPE = TokenizerRecipe(split="ids")
 def induction_heads(model: str | Path) -> int:
     """Key-value heads of `model` (a folder or a hub id) planted as an induction circuit
     (its `tiny_model.json`'s spec; 0 for any other model)."""
-    info = Path(model) / INFO_FILE
-    if not info.is_file():
-        return 0
-    return msgspec.json.decode(info.read_bytes(), type=_SpecOnly).spec.induction_heads
+    info = _read_info(model, _SpecOnly)
+    return 0 if info is None else info.spec.induction_heads
 
 
 class _SpecOnly(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,14 +142,20 @@ class _SpecOnly(msgspec.Struct, frozen=True, kw_only=True):
 
 def model_profile(model: str | Path) -> ModelProfile:
     """The profile of `model` (a folder or a hub id): its `tiny_model.json`'s, if any."""
-    info = Path(model) / INFO_FILE
-    if not info.is_file():
-        return ModelProfile()
-    return msgspec.json.decode(info.read_bytes(), type=_ProfileOnly).profile
+    info = _read_info(model, _ProfileOnly)
+    return ModelProfile() if info is None else info.profile
 
 
 class _ProfileOnly(msgspec.Struct, frozen=True, kw_only=True):
     profile: ModelProfile = TINY_PROFILE  # tiny models made before profiles were recorded
+
+
+def _read_info(model: str | Path, part: type[_T]) -> _T | None:
+    """`part` of `model`'s `tiny_model.json`; None for a model made elsewhere."""
+    info = Path(model) / INFO_FILE
+    if not info.is_file():
+        return None
+    return msgspec.json.decode(info.read_bytes(), type=part)
 
 
 class TinyModelInfo(msgspec.Struct, frozen=True, kw_only=True):
