@@ -20,7 +20,9 @@
      thread (`anyio.to_thread.run_sync`, so torch never blocks the event loop);
 4. after each update (adapter vN+1 saved and checkpointed by the engine): emit
    `UpdateApplied`, publish vN+1, emit `AdapterPublished`, write one `learner.update` log
-   line with the metrics.
+   line with the metrics. `on_updating(True)` (optional) is called as an update starts and
+   `on_updating(False)` once its adapter is published or the update failed: the daemon
+   holds new turns meanwhile when `max_staleness` is 0.
 
 When the stream closes the loop returns; queued groups short of a batch stay in the
 journal and are trained after a restart. `hold()` (a stopping daemon, `max_updates`)
@@ -66,6 +68,7 @@ _T = TypeVar("_T")
 Publish = Callable[[Path], Awaitable[None]]
 Emit = Callable[[Event], Awaitable[None]]
 ReadGroups = Callable[[Sequence[str]], Sequence[TrajectoryGroup]]
+OnUpdating = Callable[[bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class Learner:
         decode: Decode | None = None,
         adapter_prefix: str = "policy",
         temperature: float = 1.0,
+        on_updating: OnUpdating | None = None,
     ) -> None:
         self.config = config
         self.out_dir = Path(out_dir)
@@ -117,6 +121,7 @@ class Learner:
         self._publish = publish
         self._emit = emit
         self._read_groups = read_groups
+        self._on_updating = on_updating
         self._journal = ConsumedJournal(self.out_dir / "consumed.jsonl")
         self._queue: list[TrajectoryGroup] = []
         self._set_aside = Ledger()
@@ -278,6 +283,16 @@ class Learner:
             raise TrainingError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _update(self) -> None:
+        """One update and the publication of its adapter, told to `on_updating`."""
+        if self._on_updating is not None:
+            self._on_updating(True)
+        try:
+            await self._update_and_publish()
+        finally:
+            if self._on_updating is not None:
+                self._on_updating(False)
+
+    async def _update_and_publish(self) -> None:
         batch = self._queue[: self.config.batch_groups]
         set_aside = self._set_aside
         stale, zero = len(set_aside.stale), len(set_aside.zero_variance)

@@ -312,6 +312,7 @@ class Daemon:
             decode=stack.renderer.decode,
             adapter_prefix=config.policy.adapter_prefix,
             temperature=config.policy.temperature,
+            on_updating=self._hold_for_update if config.learner.max_staleness == 0 else None,
         )
         if self._stop.is_set():  # a stop that came during start-up holds it too
             self._learner.hold()
@@ -339,9 +340,17 @@ class Daemon:
             split=config.scheduler.split,
             seed=config.scheduler.seed + self._updates_done(),
         )
+        if config.learner.max_staleness == 0 and self._learner.statistics().updating:
+            self._scheduler.hold_for_update(True)  # released when that update is published
         tg.start_soon(self._scheduler.run)
         tg.start_soon(self._pump, groups_recv, learn_send, store)
         self._want_eval()  # the starting version's success, before any update
+
+    def _hold_for_update(self, updating: bool) -> None:
+        """`max_staleness` 0: no new turns while the learner updates (a group with a turn
+        of the version being replaced is stale once the update is published)."""
+        if self._scheduler is not None:
+            self._scheduler.hold_for_update(updating)
 
     def _updates_done(self) -> int:
         return 0 if self._learner is None else max(self._learner.version, 0)

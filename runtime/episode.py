@@ -104,17 +104,19 @@ class EpisodeSettings:
 
 
 class Gate:
-    """Open or closed; episodes wait at it before each policy call.
+    """Open, or closed for one or more reasons; episodes wait at it before each policy call.
 
-    The control API closes it on pause (`Scheduler.pause`). Waiting episodes stay in
-    their turn (their browser context stays open) until it opens again or they are
-    interrupted. The learner does not close it during updates: with `max_staleness` 0 a
-    group whose turns straddle an update is dropped as stale rather than held here.
+    The control API closes it on pause (`Scheduler.pause`, reason "pause"); with
+    `max_staleness` 0 the daemon also closes it while the learner updates
+    (`Scheduler.hold_for_update`, reason "update": a turn made then would make its group
+    stale). It opens once no reason is left. Waiting episodes stay in their turn (their
+    browser context stays open) until it opens again or they are interrupted.
     """
 
     def __init__(self) -> None:
         self._opened = anyio.Event()
         self._opened.set()
+        self._reasons: set[str] = set()
         self._arrived = anyio.Event()
         self.waiting = 0
 
@@ -122,11 +124,24 @@ class Gate:
     def is_open(self) -> bool:
         return self._opened.is_set()
 
-    def close(self) -> None:
+    @property
+    def closed_for(self) -> frozenset[str]:
+        """The reasons it is closed for (empty when open)."""
+        return frozenset(self._reasons)
+
+    def close(self, reason: str = "pause") -> None:
+        self._reasons.add(reason)
         if self._opened.is_set():
             self._opened = anyio.Event()
 
-    def open(self) -> None:
+    def open(self, reason: str = "pause") -> None:
+        """Take `reason` back; opens when it was the last one."""
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self._opened.set()
+
+    def open_all(self) -> None:
+        self._reasons.clear()
         self._opened.set()
 
     async def wait_open(self) -> None:

@@ -12,7 +12,9 @@ finished group (and its slot) back: backpressure, not loss.
 `stop(timeout_s)` starts no new group, lets the groups in flight finish, and after
 `timeout_s` interrupts the episodes still running; those groups are still sent, with the
 episodes recorded as `interrupted`. `pause()`/`resume()` close and open the gate at which
-episodes wait before each policy call (no new turns while paused; contexts stay open).
+episodes wait before each policy call (no new turns while paused; contexts stay open);
+`hold_for_update(True/False)` does the same for the learner's updates, independently of
+a pause (the gate opens when neither holds it).
 """
 
 from __future__ import annotations
@@ -101,14 +103,22 @@ class Scheduler:
 
     def pause(self) -> None:
         """No new turns (episodes wait before their next policy call) and no new groups."""
-        self.rollout.gate.close()
+        self.rollout.gate.close("pause")
 
     def resume(self) -> None:
-        self.rollout.gate.open()
+        self.rollout.gate.open("pause")
+
+    def hold_for_update(self, updating: bool) -> None:
+        """As `pause`/`resume`, for the learner's update (a pause outlasts it)."""
+        if updating:
+            self.rollout.gate.close("update")
+        else:
+            self.rollout.gate.open("update")
 
     @property
     def paused(self) -> bool:
-        return not self.rollout.gate.is_open
+        """Paused by `pause()` (not by an update)."""
+        return "pause" in self.rollout.gate.closed_for
 
     async def stop(self, timeout_s: float) -> None:
         """Start no new group; after `timeout_s`, interrupt what still runs.
@@ -122,7 +132,7 @@ class Scheduler:
         if self._in_flight:
             log.warning("scheduler.interrupting", groups=self._in_flight)
             self.rollout.interrupt_all()
-            self.resume()  # interrupted episodes must not wait at a closed gate
+            self.rollout.gate.open_all()  # interrupted episodes must not wait at a closed gate
             await self.wait_idle()
 
     async def wait_idle(self) -> None:

@@ -333,6 +333,44 @@ async def test_hold_starts_no_update_and_keeps_the_groups_for_a_restart(
     assert saved.state.ledger.trained == {"g0": 1, "g1": 1, "g2": 2, "g3": 2}
 
 
+@pytest.mark.anyio
+async def test_on_updating_spans_each_update_until_its_adapter_is_published(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    calls: list[tuple[bool, int]] = []  # (updating, adapters published at the call)
+    learner = Learner(
+        CONFIG,
+        base_model=tiny_model_dir,
+        out_dir=tmp_path,
+        publish=rec.publish,
+        on_updating=lambda updating: calls.append((updating, len(rec.published))),
+    )
+    await feed(learner, [group(make_group, s, f"g{s}", [1, 0], 0) for s in range(4)])
+    # v0 published at start; each update: True before its adapter, False after it
+    assert calls == [(True, 1), (False, 2), (True, 2), (False, 3)]
+
+
+@pytest.mark.anyio
+async def test_on_updating_is_released_when_an_update_fails(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    calls: list[bool] = []
+
+    async def refuse(path: Path) -> None:
+        if not path.name.endswith("@v0"):
+            raise RuntimeError("the server refused the adapter")
+
+    learner = Learner(
+        CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=refuse,
+        on_updating=calls.append,
+    )  # fmt: skip
+    with pytest.raises(BaseExceptionGroup) as raised:
+        await feed(learner, [group(make_group, s, f"g{s}", [1, 0], 0) for s in range(2)])
+    assert raised.group_contains(RuntimeError, match="refused", depth=None)
+    assert calls == [True, False]
+
+
 def _fail(grp: TrajectoryGroup, index: int, status: str) -> TrajectoryGroup:
     """`grp` with trajectory `index` ended by an infrastructure failure `status`."""
     trajs = list(grp.trajectories)

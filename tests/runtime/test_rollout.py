@@ -173,7 +173,13 @@ async def test_pause_holds_every_episode_before_its_next_turn(pool: BrowserPool,
             await rollout.gate.wait_held(3)
         assert scheduler.statistics().paused
         assert rollout.stats.turns == 0 and groups == []
+        # An update's hold (max_staleness 0) outlasts the resume; `paused` is the pause's.
+        scheduler.hold_for_update(True)
         scheduler.resume()
+        await anyio.sleep(0.5)
+        assert not scheduler.statistics().paused
+        assert rollout.stats.turns == 0 and rollout.gate.waiting == 3
+        scheduler.hold_for_update(False)
     assert [t.reward for t in groups[0].trajectories] == [1.0, 1.0, 1.0]
 
 
