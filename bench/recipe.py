@@ -49,7 +49,7 @@ def _planted(induction: int) -> str:
     return f"induction{induction}-" if induction else ""
 
 
-def _model(out: Path, seed: int, split: str, induction: int) -> Path:
+def _model(out: Path, seed: int, split: str, induction: int = 0) -> Path:
     folder = out / "cache" / f"recipe-tiny-{split}-{_planted(induction)}{seed}"
     if not (folder / "config.json").is_file():
         recipe = msgspec.structs.replace(TINY_RECIPE, split=split)
