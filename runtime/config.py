@@ -294,6 +294,11 @@ class BCConfig(_Section, frozen=True):
     # Synthetic look-up-and-copy turns (learner.copying) added to the BC data: fresh
     # entities of the sites' words that only copying from the task and the page fits.
     copy_turns: NonNegative = 0
+    # Weight of a language-model loss on the prompt tokens (system prompt, task, pages,
+    # earlier actions): their mean negative log-likelihood over the minibatch, added to
+    # the completion loss. Pages repeat names (the task's entity, the project in the URL,
+    # title and heading) that only copying predicts: many more copy targets a step.
+    prompt_loss: NonNegativeFloat = 0.0
     # Full fine-tuning for tiny models, LoRA for large ones; "auto" decides by size.
     mode: Literal["auto", "full", "lora"] = "auto"
     seed: int = 0
