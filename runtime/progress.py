@@ -42,11 +42,17 @@ def render(status: dict[str, Any]) -> Table:
         f"step {learner.get('step', 0)}, adapter v{status.get('adapter_version', 0)}"
         f"{' (updating)' if learner.get('updating') else ''}",
     )
-    groups = status.get("groups") or {}
+    # The learner's own counts are live; the event totals under "groups" move only when
+    # an update reports them, so before the first update they would show nothing set aside.
+    groups = {
+        key: learner.get(f"groups_{key}", (status.get("groups") or {}).get(key, 0))
+        for key in ("received", "trained", "stale", "zero_variance", "failed")
+    }
     table.add_row(
         "groups",
-        f"{groups.get('trained', 0)} trained, {groups.get('stale', 0)} stale, "
-        f"{groups.get('zero_variance', 0)} zero-variance",
+        f"{groups['received']} received: {groups['trained']} trained, "
+        f"{groups['zero_variance']} zero-variance, {groups['stale']} stale, "
+        f"{groups['failed']} failed",
     )
     table.add_row("success (recent train)", _fmt(status.get("recent_success")))
     evals = status.get("eval_success") or {}
