@@ -49,6 +49,11 @@ def _planted(induction: int) -> str:
     return f"induction{induction}-" if induction else ""
 
 
+def _weight(text: str) -> float | str:
+    """`--prompt-loss`: "auto" or a weight."""
+    return text if text == "auto" else float(text)
+
+
 def _model(out: Path, seed: int, split: str, induction: int = 0) -> Path:
     folder = out / "cache" / f"recipe-tiny-{split}-{_planted(induction)}{seed}"
     if not (folder / "config.json").is_file():
@@ -173,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         help="synthetic look-up-and-copy turns added to the BC data (learner.copying)",
     )  # fmt: skip
     parser.add_argument(
-        "--prompt-loss", type=float, default=BCConfig().prompt_loss,
-        help="weight of the language-model loss on prompt tokens (bc.prompt_loss)",
+        "--prompt-loss", type=_weight, default=BCConfig().prompt_loss,
+        help="weight of the language-model loss on prompt tokens (bc.prompt_loss; "
+        "auto: 1 for the tiny model)",
     )  # fmt: skip
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     train = _demos(out, args.seed, "train")
     test = _demos(out, args.seed, "test")
     steps = _steps_by_task(test)
-    lm = f"lm{args.prompt_loss:g}-" if args.prompt_loss else ""
+    lm = "" if args.prompt_loss == "auto" else f"lm{args.prompt_loss:g}-"
     variant = f"{args.split}-{args.prompt}-{_planted(args.induction)}{lm}{args.seed}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
@@ -205,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     png = out / f"recipe-curve-{stamp}.png"
     _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt, "
           f"induction {args.induction}, {args.augment_copies} swapped copies, "
-          f"{args.copy_turns} copy turns, prompt loss {args.prompt_loss:g})")  # fmt: skip
+          f"{args.copy_turns} copy turns, prompt loss {report.prompt_loss:g})")  # fmt: skip
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
@@ -220,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{report.tokens_per_s:.0f} training tokens/s; stopped by {report.stop_reason}",
         load_note(load),
     ]
-    if args.prompt_loss:
+    if report.prompt_loss:
         notes.append(
-            f"bc.prompt_loss {args.prompt_loss:g}: the loss column includes the prompt tokens' "
-            "language-model loss (not comparable with runs without it)"
+            f"bc.prompt_loss {report.prompt_loss:g}: the loss column includes the prompt "
+            "tokens' language-model loss (not comparable with runs without it)"
         )
     if rollouts:
         notes.append(

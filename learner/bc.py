@@ -15,7 +15,10 @@ format), averaged over the tokens of an action, then over the actions of the min
 the per-turn weights of `learner.loss.triple_mean_weights` with every turn its own
 trajectory, so micro-batching by token budget is exact, as in RL. With `bc.prompt_loss`
 w > 0, plus w times the mean negative log-likelihood of the minibatch's prompt tokens (a
-language-model loss on the pages and the task; logits then cover every position).
+language-model loss on the pages and the task; logits then cover every position). "auto"
+(the default) is `TINY_PROMPT_LOSS` for a tiny model made here and 0 for any other: pages
+repeat the names a reply must copy, so the loss on them teaches the tiny model to read
+them; a pretrained model already can.
 
 Accuracy (train and held-out, per step): teacher-forced exact match of the ACTION: with the
 demonstration's own prompt and thought as context, the argmax token equals the demonstrated
@@ -55,7 +58,7 @@ from learner.loss import token_logprobs, triple_mean_weights
 from policy.induction import freeze_induction
 from policy.prompt import PromptRenderer
 from policy.prompt import system_prompt as named_prompt
-from policy.tiny import induction_heads, model_profile
+from policy.tiny import induction_heads, is_tiny_model, model_profile
 from runtime.config import BCConfig, LearnerConfig
 from runtime.messages import TrajectoryGroup
 
@@ -76,6 +79,8 @@ log = structlog.get_logger("learner.bc")
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 REPORT_FILE = "bc.json"
+# bc.prompt_loss "auto" for a tiny model made here (runtime.config.BCConfig says why).
+TINY_PROMPT_LOSS = 1.0
 
 
 class BCEval(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +121,7 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     steps: int
     wall_s: float
     tokens_per_s: float  # training tokens (prompt + completion) forwarded per second
+    prompt_loss: float = 0.0  # the weight of the prompt tokens' loss used (bc.prompt_loss)
     stop_reason: str
     train_accuracy: float
     heldout_accuracy: float
@@ -275,7 +281,7 @@ def _bc_step(
     prompt_tokens = sum(len(e.prompt_ids) - 1 for e in batch)
     for mb_samples in micro_batches(_samples(batch, scoring=False), cfg.micro_batch_tokens):
         mb = collate(mb_samples, pad_id=pad_id).to(device)
-        if cfg.prompt_loss > 0 and prompt_tokens > 0:
+        if not isinstance(cfg.prompt_loss, str) and cfg.prompt_loss > 0 and prompt_tokens > 0:
             completions = [len(s.completion_ids) for s in mb_samples]
             logp, prompt_sum = _prompt_logprob_sum(model, mb, completions)
             loss = -(mb.weights * logp).sum() - cfg.prompt_loss * prompt_sum / prompt_tokens
@@ -321,6 +327,9 @@ def behaviour_clone(
         raise LearnerError("BC needs a bound: bc.max_steps or bc.max_minutes")
     if system_prompt is None:
         system_prompt = named_prompt(model_profile(base_model).system_prompt)
+    if config.prompt_loss == "auto":
+        weight = TINY_PROMPT_LOSS if is_tiny_model(base_model) else 0.0
+        config = msgspec.structs.replace(config, prompt_loss=weight)
     renderer = PromptRenderer.from_model(base_model)
     groups = read_demos(demos) if isinstance(demos, (str, Path)) else list(demos)
 
@@ -480,6 +489,7 @@ def _train(
         steps=step,
         wall_s=wall,
         tokens_per_s=tokens / train_s if train_s > 0 else 0.0,
+        prompt_loss=0.0 if isinstance(config.prompt_loss, str) else config.prompt_loss,
         stop_reason=stop_reason,
         train_accuracy=final.train_accuracy,
         heldout_accuracy=final.heldout_accuracy,

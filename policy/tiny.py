@@ -41,6 +41,7 @@ __all__ = [
     "TokenizerRecipe",
     "base_corpus",
     "induction_heads",
+    "is_tiny_model",
     "make_tiny_model",
     "model_profile",
     "train_tokenizer",
@@ -138,6 +139,11 @@ def induction_heads(model: str | Path) -> int:
 
 class _SpecOnly(msgspec.Struct, frozen=True, kw_only=True):
     spec: TinyModelSpec = TinyModelSpec()
+
+
+def is_tiny_model(model: str | Path) -> bool:
+    """Whether `model` is a folder `make_tiny_model` wrote (it has `tiny_model.json`)."""
+    return (Path(model) / INFO_FILE).is_file()
 
 
 def model_profile(model: str | Path) -> ModelProfile:

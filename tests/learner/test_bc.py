@@ -418,3 +418,28 @@ def test_prompt_loss_teaches_the_pages_too(
         )  # fmt: skip
         ends[weight] = prompt_logp(tmp_path / f"bc{weight:g}")
     assert ends[1.0] - start > 2 * (ends[0.0] - start) > 0, (start, ends)
+
+
+def test_prompt_loss_auto_is_for_tiny_models_only(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    """ "auto": the tiny weight for a model with `tiny_model.json`, 0 for any other."""
+    from learner.bc import TINY_PROMPT_LOSS
+
+    other = tmp_path / "other"
+    shutil.copytree(command_model_dir, other)
+    (other / "tiny_model.json").unlink()
+    config = BCConfig(max_steps=1, batch_size=2, warmup_steps=1, eval_every_steps=100)
+    assert config.prompt_loss == "auto"
+    reports = {
+        name: behaviour_clone(
+            command_task.demos(1, 1.0, seed=1),
+            base_model=base,
+            out=tmp_path / f"bc-{name}",
+            config=config,
+            system_prompt=command_task.SYSTEM,
+        )
+        for name, base in (("tiny", command_model_dir), ("other", other))
+    }
+    assert reports["tiny"].prompt_loss == TINY_PROMPT_LOSS > 0
+    assert reports["other"].prompt_loss == 0.0
