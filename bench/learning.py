@@ -244,14 +244,15 @@ def planned(
 
 def _bc(out: Path, minutes: float, seed: int, threads: int) -> tuple[Path, dict[str, Any]]:
     """(a): the recipe's tiny model behaviour-cloned for `minutes` with `threads` torch
-    threads (0: one per core); cached per budget, threads and seed."""
+    threads (0: one per core); cached per budget, threads, BC loss and seed."""
     from bench.recipe import _demos, _model
-    from learner.bc import behaviour_clone
+    from learner.bc import TINY_PROMPT_LOSS, behaviour_clone
     from runtime.config import BCConfig
 
     base = _model(out, seed, "ids")
     train, test = _demos(out, seed, "train"), _demos(out, seed, "test")
-    folder = out / "cache" / f"learning-bc-{minutes:g}m-t{threads}-{seed}"
+    # The recipe's BC loss is part of the key: a checkpoint made with another one is not it.
+    folder = out / "cache" / f"learning-bc-{minutes:g}m-t{threads}-lm{TINY_PROMPT_LOSS:g}-{seed}"
     if (folder / "bc.json").is_file() and (folder / "config.json").is_file():
         report = json.loads((folder / "bc.json").read_text())
         return folder, {"cached": True, **{k: v for k, v in report.items() if k != "history"}}
