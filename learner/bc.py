@@ -269,9 +269,10 @@ def _bc_step(
     *,
     pad_id: int,
     device: str,
+    prompt_loss: float = 0.0,
 ) -> tuple[float, int]:
-    """One optimizer step on a minibatch; returns (loss, tokens forwarded: prompt and
-    completion, padding excluded)."""
+    """One optimizer step on a minibatch (`prompt_loss`: the resolved `bc.prompt_loss`);
+    returns (loss, tokens forwarded: prompt and completion, padding excluded)."""
     import torch
 
     model.train()
@@ -281,10 +282,10 @@ def _bc_step(
     prompt_tokens = sum(len(e.prompt_ids) - 1 for e in batch)
     for mb_samples in micro_batches(_samples(batch, scoring=False), cfg.micro_batch_tokens):
         mb = collate(mb_samples, pad_id=pad_id).to(device)
-        if not isinstance(cfg.prompt_loss, str) and cfg.prompt_loss > 0 and prompt_tokens > 0:
+        if prompt_loss > 0 and prompt_tokens > 0:
             completions = [len(s.completion_ids) for s in mb_samples]
             logp, prompt_sum = _prompt_logprob_sum(model, mb, completions)
-            loss = -(mb.weights * logp).sum() - cfg.prompt_loss * prompt_sum / prompt_tokens
+            loss = -(mb.weights * logp).sum() - prompt_loss * prompt_sum / prompt_tokens
         else:
             logp = token_logprobs(_forward(model, mb), mb.targets)
             loss = -(mb.weights * logp).sum()
@@ -328,8 +329,9 @@ def behaviour_clone(
     if system_prompt is None:
         system_prompt = named_prompt(model_profile(base_model).system_prompt)
     if config.prompt_loss == "auto":
-        weight = TINY_PROMPT_LOSS if is_tiny_model(base_model) else 0.0
-        config = msgspec.structs.replace(config, prompt_loss=weight)
+        prompt_loss = TINY_PROMPT_LOSS if is_tiny_model(base_model) else 0.0
+    else:
+        prompt_loss = config.prompt_loss
     renderer = PromptRenderer.from_model(base_model)
     groups = read_demos(demos) if isinstance(demos, (str, Path)) else list(demos)
 
@@ -359,7 +361,7 @@ def behaviour_clone(
     try:
         return _train(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,
-            evaluate_success=evaluate_success, should_stop=should_stop,
+            evaluate_success=evaluate_success, should_stop=should_stop, prompt_loss=prompt_loss,
         )  # fmt: skip
     except LearnerError:
         raise
@@ -377,6 +379,7 @@ def _train(
     lora: LearnerConfig,
     evaluate_success: Callable[[Any], float] | None,
     should_stop: Callable[[], bool] | None = None,
+    prompt_loss: float = 0.0,
 ) -> BCReport:
     import torch
     from transformers import AutoModelForCausalLM
@@ -459,7 +462,9 @@ def _train(
             order.extend(fresh)
         batch, order = order[: config.batch_size], order[config.batch_size :]
         tick = time.monotonic()
-        loss, n = _bc_step(model, optimizer, batch, config, pad_id=pad_id, device=device)
+        loss, n = _bc_step(
+            model, optimizer, batch, config, pad_id=pad_id, device=device, prompt_loss=prompt_loss
+        )
         train_s += time.monotonic() - tick
         scheduler.step()
         step += 1
@@ -489,7 +494,7 @@ def _train(
         steps=step,
         wall_s=wall,
         tokens_per_s=tokens / train_s if train_s > 0 else 0.0,
-        prompt_loss=0.0 if isinstance(config.prompt_loss, str) else config.prompt_loss,
+        prompt_loss=prompt_loss,
         stop_reason=stop_reason,
         train_accuracy=final.train_accuracy,
         heldout_accuracy=final.heldout_accuracy,
