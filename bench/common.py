@@ -286,10 +286,10 @@ def finish(
     return path
 
 
-def tiny_model(out: str | Path, seed: int = 0, induction_heads: int | None = None) -> Path:
-    """The tiny model (`webagent model init`), made once under `{out}/cache/tiny-{seed}-{key}`,
-    the key a digest of the model spec and tokenizer recipe (a new recipe, a new model).
-    `induction_heads` None: the default spec's."""
+def tiny_model(out: str | Path, seed: int = 0) -> Path:
+    """The tiny model (`webagent model init --tiny`), made once under
+    `{out}/cache/tiny-{seed}-{key}`, the key a digest of the model spec and tokenizer recipe
+    (a new recipe, a new model)."""
     import hashlib
     import inspect
 
@@ -299,8 +299,6 @@ def tiny_model(out: str | Path, seed: int = 0, induction_heads: int | None = Non
 
     defaults = inspect.signature(init_tiny_model).parameters
     spec = defaults["spec"].default
-    if induction_heads is not None:
-        spec = msgspec.structs.replace(spec, induction_heads=induction_heads)
     recipe = msgspec.json.encode([spec, defaults["recipe"].default])
     key = hashlib.sha256(recipe).hexdigest()[:8]
     folder = Path(out) / "cache" / f"tiny-{seed}-{key}"

@@ -1,6 +1,6 @@
 """Where a BC checkpoint's turns go wrong (issue 8): greedy replies to demonstrated prompts.
 
-    .venv/bin/python -m bench.errors --model DIR [--demos FILE] [--turns 400] [--copy]
+    .venv/bin/python -m bench.errors --model DIR [--demos FILE] [--turns 400]
                                      [--seed 0] [--out bench/out]
 
 For a seeded sample of whole episodes of `--demos` (default: the oracle's test split that
@@ -19,9 +19,7 @@ The table splits the classes by the demonstrated action and tells, for the wrong
 how often the thought was wrong too: a wrong thought before a wrong action says the model
 lost track of the plan or the entity, a right thought before a wrong action says it could
 not find the element the thought names. Prints a table last; writes the JSON (with a few
-examples of each class) to `--out`. With `--copy` the turns are synthetic look-up-and-copy
-turns (`learner.copying`, another seed than BC's) over the words of `--demos`: whether
-the checkpoint can copy at all, on pages it has never seen.
+examples of each class) to `--out`.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.common import LoadSampler, finish, load_note
-from policy.prompt import build_messages, episode_messages
+from policy.prompt import episode_messages
 from runtime.actions import parse_completion, thought_of
 from runtime.errors import ParseError
 from runtime.messages import Action, ChatMessage
@@ -119,41 +117,18 @@ def demo_cases(demos: str, turns: int, seed: int, system_prompt: str) -> list[Ca
     return cases
 
 
-def copy_cases(demos: str, n: int, seed: int, system_prompt: str) -> list[Case]:
-    """`n` synthetic look-up-and-copy turns (learner.copying) over the words of `demos`,
-    drawn with another seed than BC's (`bc.seed`)."""
-    from learner.copying import copy_turns, vocabulary
-    from learner.demos import read_demos
-
-    turns = copy_turns(vocabulary(read_demos(demos)), n, seed + 1000)
-    return [
-        Case(
-            f"copy-{k}",
-            build_messages(t.intent, [], t.observation, system_prompt=system_prompt),
-            t.reply,
-            parse_completion(t.reply).action,
-        )
-        for k, t in enumerate(turns)
-    ]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.errors", description=__doc__)
     parser.add_argument("--model", required=True, help="a BC checkpoint (a model folder)")
     parser.add_argument("--demos", default="bench/out/cache/demos-compact-test-0.jsonl")
     parser.add_argument("--turns", type=int, default=400)
-    parser.add_argument(
-        "--copy", action="store_true",
-        help="reply to --turns synthetic copy turns over the words of --demos instead",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
 
+    from policy.profile import model_profile
     from policy.prompt import PromptRenderer
     from policy.prompt import system_prompt as named_prompt
-    from policy.tiny import model_profile
 
     model_dir = Path(args.model)
     renderer = PromptRenderer.from_model(model_dir)
@@ -161,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if eos_id is None:
         raise SystemExit(f"{model_dir}: the tokenizer has no eos_token")
     prompt_name = named_prompt(model_profile(model_dir).system_prompt)
-    make_cases = copy_cases if args.copy else demo_cases
+    make_cases = demo_cases
     cases = make_cases(args.demos, args.turns, args.seed, prompt_name)
     prompts = [renderer.render(case.messages) for case in cases]
     started = time.monotonic()
@@ -196,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for cls in CLASSES
     ]  # fmt: skip
     action_ok = sum(ok for ok in episode_ok.values())
-    what = "synthetic copy turns" if args.copy else f"turns of {len(episode_ok)} test episodes"
+    what = f"turns of {len(episode_ok)} test episodes"
     notes = [
         f"{len(cases)} {what}, greedy replies to the demonstrated prompts in {seconds:.0f} s; "
         f"{args.model}",

@@ -242,24 +242,24 @@ def planned(
 # --------------------------------------------------------------------------- stages
 
 
-def _bc(out: Path, minutes: float, seed: int, threads: int) -> tuple[Path, dict[str, Any]]:
-    """(a): the recipe's tiny model behaviour-cloned for `minutes` with `threads` torch
-    threads (0: one per core); cached per budget, threads, BC loss and seed."""
-    from bench.recipe import _demos, _model
-    from learner.bc import TINY_PROMPT_LOSS, behaviour_clone
+def _bc(
+    out: Path, base: Path, name: str, minutes: float, seed: int, threads: int
+) -> tuple[Path, dict[str, Any]]:
+    """(a): the base model behaviour-cloned for `minutes` with `threads` torch threads (0:
+    one per core), the `[bc]` and `[learner]` defaults otherwise; cached per model, budget,
+    threads and seed."""
+    from bench.recipe import demos
+    from learner.bc import behaviour_clone
+    from policy.profile import model_profile
     from runtime.config import BCConfig
 
-    base = _model(out, seed, "ids")
-    train, test = _demos(out, seed, "train"), _demos(out, seed, "test")
-    # The recipe's BC loss is part of the key: a checkpoint made with another one is not it.
-    folder = out / "cache" / f"learning-bc-{minutes:g}m-t{threads}-lm{TINY_PROMPT_LOSS:g}-{seed}"
+    style = model_profile(base).observation_style
+    train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
+    folder = out / "cache" / f"learning-bc-{name}-{minutes:g}m-t{threads}-{seed}"
     if (folder / "bc.json").is_file() and (folder / "config.json").is_file():
         report = json.loads((folder / "bc.json").read_text())
         return folder, {"cached": True, **{k: v for k, v in report.items() if k != "history"}}
-    config = BCConfig(
-        max_minutes=minutes, eval_every_steps=200, eval_examples=256, torch_threads=threads,
-        seed=seed,
-    )  # fmt: skip
+    config = BCConfig(max_minutes=minutes, torch_threads=threads, seed=seed)
     report = behaviour_clone(train, base_model=base, out=folder, config=config, heldout=test,
                              overwrite=True)  # fmt: skip
     import msgspec
@@ -479,6 +479,7 @@ def _parse_turns(text: str) -> list[int]:
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add = parser.add_argument
+    add("--model", default="smollm2", help="the base model: smollm2, tiny, or a folder")
     add("--bc-minutes", type=float, default=15.0)
     add("--rl-minutes", type=float, default=12.0, help="per RL arm, after its v0 is served")
     add("--max-updates", type=int, default=0, help="stop RL earlier (0: no)")
@@ -523,12 +524,13 @@ class _Experiment:
         self.timings[key] = round(time.monotonic() - began, 1)
 
     def run(self) -> None:
-        from bench.recipe import _model
+        from bench.recipe import base_model
 
         args, out = self.args, self.out
         began = time.monotonic()
-        tiny = _model(out, args.seed, "ids")
-        bc_dir, self.bc_report = _bc(out, args.bc_minutes, args.seed, args.bc_threads)
+        tiny = base_model(out, args.model, args.seed)
+        name = args.model if args.model in ("smollm2", "tiny") else tiny.name
+        bc_dir, self.bc_report = _bc(out, tiny, name, args.bc_minutes, args.seed, args.bc_threads)
         self._timed("bc_s", began)
         _say(f"[bc] {bc_dir} ({self.timings['bc_s']:.0f} s)")
         settings = {

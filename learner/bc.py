@@ -48,17 +48,16 @@ from typing import Any, NamedTuple
 import msgspec
 import structlog
 
-from learner.augment import swapped_copies
 from learner.batch import MicroBatch, TurnSample, collate, micro_batches
-from learner.demos import BCExample, copy_examples, demo_examples, read_demos, split_heldout
+from learner.demos import BCExample, demo_examples, read_demos, split_heldout
 from learner.engine import lr_factor, resolve_device
 from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
-from policy.induction import freeze_induction
+from policy.profile import model_profile
 from policy.prompt import PromptRenderer
 from policy.prompt import system_prompt as named_prompt
-from policy.tiny import induction_heads, is_tiny_model, model_profile
+from policy.tiny import is_tiny_model
 from runtime.config import BCConfig, LearnerConfig
 from runtime.messages import TrajectoryGroup
 
@@ -346,18 +345,6 @@ def behaviour_clone(
     else:
         train = examples
         held = examples_of(read_demos(heldout) if isinstance(heldout, (str, Path)) else heldout)
-    if config.augment_copies:  # entity-swapped copies of the train tasks only
-        train_tasks = {e.task_id for e in train}
-        copies = swapped_copies(
-            [g for g in groups if g.task_id in train_tasks], config.augment_copies, config.seed
-        )
-        train += examples_of(copies) if copies else []
-    if config.copy_turns:  # synthetic look-up-and-copy turns over the words of `demos`
-        held_tasks = {e.task_id for e in held} if heldout is None else set()
-        train += copy_examples(
-            [g for g in groups if g.task_id not in held_tasks], renderer, config.copy_turns,
-            seed=config.seed, system_prompt=system_prompt,
-        )  # fmt: skip
     try:
         return _train(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,
@@ -400,8 +387,6 @@ def _train(
         mode = "full" if parameters <= config.full_max_params else "lora"
     if mode == "lora":
         model = attach_lora(model, lora)
-    elif planted := induction_heads(base_model):
-        freeze_induction(model, planted)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)

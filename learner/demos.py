@@ -12,12 +12,11 @@ from pathlib import Path
 import msgspec
 
 from learner.batch import think_mask
-from learner.copying import copy_turns, vocabulary
 from learner.errors import DemonstrationError
-from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages, episode_messages
+from policy.prompt import SYSTEM_PROMPT, PromptRenderer, episode_messages
 from runtime.messages import ChatMessage, TrajectoryGroup, decode_group
 
-__all__ = ["BCExample", "copy_examples", "demo_examples", "read_demos", "split_heldout"]
+__all__ = ["BCExample", "demo_examples", "read_demos", "split_heldout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,32 +123,6 @@ def _example(
             think_mask(completion, lambda ids: renderer.decode(ids, skip_special_tokens=False))
         ),
     )
-
-
-def copy_examples(
-    groups: Sequence[TrajectoryGroup],
-    renderer: PromptRenderer,
-    n: int,
-    *,
-    seed: int,
-    system_prompt: str,
-) -> list[BCExample]:
-    """`n` synthetic look-up-and-copy turns (`learner.copying`) over the words of `groups`,
-    rendered as round 0 of one-page episodes (task ids -1, episode ids "copy-K")."""
-    if renderer.eos_token_id is None:
-        raise DemonstrationError("the tokenizer has no eos_token: no end token to learn")
-    words = vocabulary(groups)
-    return [
-        _example(
-            renderer,
-            build_messages(t.intent, [], t.observation, system_prompt=system_prompt),
-            t.reply,
-            task_id=-1,
-            episode_id=f"copy-{k}",
-            turn=0,
-        )
-        for k, t in enumerate(copy_turns(words, n, seed))
-    ]
 
 
 def split_heldout(

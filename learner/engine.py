@@ -6,8 +6,9 @@ through `anyio.to_thread.run_sync`); nothing here touches the event loop.
 One update (`Engine.update`):
 1. advantages per group (`learner.loss.group_advantages`), per-turn samples with the
    triple-mean weights (`learner.batch.build_samples`), micro-batches by token budget;
-2. old log-probs: recomputed by the learner before any step (`recompute_logprobs`, the
-   default; eval mode, no grad), or the server's (`Turn.completion_logprobs`);
+2. old log-probs: the server's (`Turn.completion_logprobs`, the default: the behaviour
+   policy's own, so an update costs one forward+backward per micro-batch), or recomputed
+   by the learner before any step (`recompute_logprobs`; eval mode, no grad);
 3. reference log-probs with the adapter disabled (the base model), only when kl_beta > 0;
 4. `optimizer_steps` times: zero grads, forward/backward every micro-batch (the loss is a
    token sum, so gradients accumulate to the exact full-batch gradient), clip the grad
@@ -19,7 +20,8 @@ Learning-rate schedule (per optimizer step): linear warm-up from lr/warmup to lr
 
 Log-probs are computed from logits divided by the rollouts' sampling `temperature`, so that
 they are those of the distribution the server sampled from (vLLM's processed logprobs);
-top-p truncation is not reproduced, which is one more reason to recompute old log-probs.
+top-p truncation is not reproduced (with top_p < 1 the server's log-probs are of the
+truncated distribution: recompute them).
 The model is trained in float32; `torch_threads` is applied in every calling thread.
 """
 

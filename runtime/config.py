@@ -250,7 +250,11 @@ class LearnerConfig(_Section, frozen=True):
     clip_eps_high: NonNegativeFloat = 0.2
     kl_beta: NonNegativeFloat = 0.0
     adv_eps: PositiveFloat = 1e-4
-    recompute_logprobs: bool = True
+    # Old log-probs for the importance ratio: the server's sampled ones (False, the
+    # default: they are the behaviour policy's, and the update costs one forward+backward;
+    # tests/policy/test_pretrained.py checks they equal the learner's own), or recomputed
+    # by the learner before the update (True: one more forward over every token).
+    recompute_logprobs: bool = False
     mask_think: bool = False
     lora_rank: Positive = 8
     lora_alpha: Positive = 16
@@ -264,6 +268,10 @@ class LearnerConfig(_Section, frozen=True):
         "up_proj",
         "down_proj",
     )
+    # LoRA on the top N transformer layers only (0: every layer). Below the lowest adapted
+    # layer nothing needs a gradient, so the backward pass and its saved activations stop
+    # there: cheaper updates and less memory (bench/learner.py measures it).
+    lora_layers: NonNegative = 0
     seed: int = 0
     # torch intra-op threads of the learner (0: torch's default, one per core). The learner
     # shares the CPU with vLLM and Chromium: 1 thread (see bc.torch_threads).
@@ -288,12 +296,6 @@ class BCConfig(_Section, frozen=True):
     # Stop early once held-out episode success reaches this (0 disables).
     target_success: Fraction = 0.0
     eval_every_steps: Positive = 200
-    # Entity-swapped copies of every train demonstration added to the BC data
-    # (learner.augment): task entities renamed consistently, so only copying fits them.
-    augment_copies: NonNegative = 0
-    # Synthetic look-up-and-copy turns (learner.copying) added to the BC data: fresh
-    # entities of the sites' words that only copying from the task and the page fits.
-    copy_turns: NonNegative = 0
     # Weight of a language-model loss on the prompt tokens (system prompt, task, pages,
     # earlier actions): their mean negative log-likelihood over the minibatch, added to
     # the completion loss. "auto": 1.0 for a tiny model made here (`tiny_model.json`), 0

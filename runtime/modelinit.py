@@ -1,4 +1,5 @@
-"""Making the embedded default's tiny model: the corpus its tokenizer is trained on.
+"""Making the test suite's tiny model (the corpus its tokenizer is trained on), and the
+model profile that settles "auto" settings.
 
 The policy layer makes the model from texts (`policy.tiny.make_tiny_model`) and must not
 know about sites; this module composes the texts: the policy's own (system prompt, DSL
@@ -7,9 +8,9 @@ as a logged-in visitor sees them (crawled in-process through ASGI from the front
 and the train tasks' start pages: no browser, no sockets). Deterministic for a seed.
 
 `resolve_profile` settles the configuration's "auto" observation style and system prompt
-against the model that will read them: the embedded default (no `policy.model`) and any
-tiny model made here use the tiny recipe's (compact, short); any other model WebAgent-R1's
-(html, full). `EpisodeSettings.from_config`, where both are read, resolves them.
+against the model that will read them: the one its manifest records (`policy.profile`;
+the embedded default's when there is no `policy.model`), else WebAgent-R1's (html,
+full). `EpisodeSettings.from_config`, where both are read, resolves them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import anyio
 import httpx
 import msgspec
 
+from policy.profile import SMOLLM2_PROFILE
 from policy.tiny import (
-    TINY_PROFILE,
     TINY_RECIPE,
     TinyModelInfo,
     TinyModelSpec,
@@ -126,9 +127,9 @@ async def init_tiny_model(
 
 def resolve_profile(config: Config, model: str | None = None) -> Config:
     """`config` with "auto" observation style and system prompt made concrete for `model`
-    (default: `policy.model`; empty means the embedded default's tiny model)."""
+    (default: `policy.model`; empty means the embedded default, SmolLM2-135M-Instruct)."""
     name = config.policy.model if model is None else model
-    profile = model_profile(name) if name else TINY_PROFILE
+    profile = model_profile(name) if name else SMOLLM2_PROFILE
     observation = config.observation
     if observation.style == "auto":
         observation = msgspec.structs.replace(observation, style=profile.observation_style)

