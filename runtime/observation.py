@@ -211,7 +211,13 @@ async def observe(
 class _Line:
     text: str
     bottom: int
-    ids: int
+
+
+# A line longer than this is wrapped where one piece (a text run, an element) ends, so a
+# block of many links (a list of search results) cannot fill the whole budget as one line.
+_WRAP_CHARS: Final = 320
+# Compact markers that only start a line: kept for the line's first content.
+_MARKERS: Final = frozenset({"#", "##", "###", "####", "#####", "######", "-", "|"})
 
 
 class _Writer:
@@ -227,25 +233,43 @@ class _Writer:
         self.compact = config.style == "compact"
         self.lines: list[_Line] = []
         self.elements: dict[int, Element] = {}
-        self._parts: list[str] = []
-        self._bottom = 0
-        self._ids = 0
+        # The current line: pieces with their bottom edges.
+        self._parts: list[tuple[str, int]] = []
 
     # -- line buffer
     def put(self, text: str, bottom: int) -> None:
         """Append to the current line (spacing comes from the page's own whitespace)."""
         if text:
-            self._parts.append(text)
-            self._bottom = max(self._bottom, bottom)
+            self._parts.append((text, bottom))
+
+    def _marker_only(self) -> bool:
+        """Does the current line hold only a compact list or heading marker?"""
+        return self.compact and "".join(p for p, _ in self._parts).strip() in _MARKERS
+
+    def drop_marker(self) -> None:
+        if self._marker_only():
+            self._parts = []
 
     def flush(self) -> None:
-        text = " ".join("".join(self._parts).split())
+        if self._marker_only():
+            return  # "- " waits for the item's first content: "- link Examples [6]"
+        start = 0
+        length = 0
+        for index, (piece, _) in enumerate(self._parts):
+            length += len(piece)
+            if length >= _WRAP_CHARS and index + 1 < len(self._parts):
+                self._line(self._parts[start : index + 1])
+                start, length = index + 1, 0
+        self._line(self._parts[start:])
+        self._parts = []
+
+    def _line(self, parts: list[tuple[str, int]]) -> None:
+        text = " ".join("".join(p for p, _ in parts).split())
         if not self.compact:
             text = _TIGHT_OPEN.sub(r"\1", text)
             text = _TIGHT_CLOSE.sub(r"\1", text)
         if text:
-            self.lines.append(_Line(text, self._bottom, self._ids))
-        self._parts, self._bottom, self._ids = [], 0, 0
+            self.lines.append(_Line(text, max(b for _, b in parts)))
 
     # -- nodes
     def block(self, node: Any, bottom: int) -> None:
@@ -263,8 +287,17 @@ class _Writer:
             else:
                 self.put(self.interactive(node), here)
             return
+        if self.compact and tag == "label":
+            box = _lone_box(node)
+            if box is not None:  # "checkbox remember "Remember this device" [7]"
+                self.flush()
+                self.put(self.interactive(box, label=self.inline(_without(node, box))), here)
+                self.flush()
+                return
         if tag in ("", "table") or tag in _LINE_TAGS:
             self.flush()
+            if tag in _LINE_TAGS:
+                self.drop_marker()  # an empty item's marker gives way to this line's
             if tag == "table" and not self.compact:
                 self.put("<table>", here)
                 self.flush()
@@ -275,6 +308,7 @@ class _Writer:
             if tag in _LINE_TAGS and not self.compact:
                 self.put(f"</{tag}>", here)
             self.flush()
+            self.drop_marker()
             if tag == "table" and not self.compact:
                 self.put("</table>", here)
                 self.flush()
@@ -293,7 +327,7 @@ class _Writer:
         if "i" in node:
             return self.interactive(node)
         tag: str = node["t"]
-        inner = " ".join("".join(self.inline(child) for child in node["c"]).split())
+        inner = self._inline_children(node["c"])
         if self.compact:
             if tag == "img":
                 return f"image {node['a'].get('alt', '')}"
@@ -306,7 +340,18 @@ class _Writer:
             return self._open(tag, node)
         return f"{self._open(tag, node)}{inner}</{tag}>"
 
-    def interactive(self, node: Any) -> str:
+    def _inline_children(self, children: list[Any]) -> str:
+        """Children on one line; a block among them is set off by spaces, as a browser
+        would break the line ("struct std::vec::Vec A contiguous growable array")."""
+        parts = []
+        for child in children:
+            text = self.inline(child)
+            if not isinstance(child, str) and "i" not in child and _is_block(child["t"]):
+                text = f" {text} "
+            parts.append(text)
+        return " ".join("".join(parts).split())
+
+    def interactive(self, node: Any, *, label: str = "") -> str:
         element_id = int(node["i"])
         tag: str = node["t"]
         attrs: dict[str, str] = {
@@ -321,7 +366,7 @@ class _Writer:
             options = ()
             selected = []
             inner_nodes = node["c"]
-            text = " ".join("".join(self.inline(c) for c in inner_nodes).split())
+            text = self._inline_children(inner_nodes)
         self.elements[element_id] = Element(
             id=element_id,
             tag=tag,
@@ -330,10 +375,15 @@ class _Writer:
             options=options,
             fingerprint=str(node.get("f", "")),
         )
-        self._ids += 1
         if self.compact:
             return _compact_interactive(
-                element_id, tag, text=text, attrs=attrs, options=options, selected=selected
+                element_id,
+                tag,
+                text=text,
+                attrs=attrs,
+                options=options,
+                selected=selected,
+                label=label,
             )
         open_tag = self._open(tag, {"a": attrs}, element_id=element_id)
         if tag == "select":
@@ -360,6 +410,34 @@ class _Writer:
                 continue
             parts.append(name if value == "" else f'{name}="{_attr(value)}"')
         return "<" + " ".join(parts) + ">"
+
+
+def _is_block(tag: str) -> bool:
+    return tag in ("", "table", "td", "th") or tag in _LINE_TAGS
+
+
+def _interactives(node: Any) -> list[Any]:
+    if isinstance(node, str):
+        return []
+    if "i" in node:
+        return [node]
+    return [found for child in node["c"] for found in _interactives(child)]
+
+
+def _lone_box(label: Any) -> Any:
+    """The one checkbox or radio inside a label with no other control, or None."""
+    found = _interactives(label)
+    if len(found) != 1 or found[0]["t"] != "input":
+        return None
+    kind = str(found[0]["a"].get("type", "")).lower()
+    return found[0] if kind in ("checkbox", "radio") else None
+
+
+def _without(node: Any, target: Any) -> Any:
+    """`node`'s tree without `target` (the label's text around its checkbox)."""
+    if isinstance(node, str):
+        return node
+    return {**node, "c": [_without(c, target) for c in node["c"] if c is not target]}
 
 
 def _has_interactive(node: Any) -> bool:
@@ -396,9 +474,11 @@ def _compact_interactive(
     attrs: dict[str, str],
     options: tuple[str, ...],
     selected: list[int],
+    label: str = "",
 ) -> str:
     """`link Electronics [3]`; form fields: `input q "Search" = "shoes" [5]` (kind, name,
-    hint (placeholder, aria-label or title), current value)."""
+    hint (placeholder, aria-label or title; else the text of the label around a checkbox
+    or radio), current value)."""
     kind = _KIND.get(tag)
     if tag == "input":
         input_type = attrs.get("type", "text").lower()
@@ -409,7 +489,7 @@ def _compact_interactive(
         parts = [kind]
         if attrs.get("name"):
             parts.append("".join(attrs["name"].split()))
-        hint = next((attrs[n] for n in _COMPACT_HINT if attrs.get(n)), "")
+        hint = next((attrs[n] for n in _COMPACT_HINT if attrs.get(n)), "") or label.strip()
         if hint:
             parts.append(f'"{_unquote(hint)}"')
         value = text if tag == "textarea" else attrs.get("value", "")
@@ -491,7 +571,12 @@ def render(
     for index, line in enumerate(lines):
         cost = count_tokens(line.text) + 1
         rest_needs_marker = index < len(lines) - 1
-        if used + cost + (marker_reserve if rest_needs_marker else 0) > budget:
+        room = budget - used - (marker_reserve if rest_needs_marker else 0)
+        if cost > room:
+            if not shown:  # one line longer than the budget: show what fits of it
+                part = _cut_to(line.text, room - 1, count_tokens)
+                if part:
+                    shown.append(_Line(part, line.bottom))
             break
         shown.append(line)
         used += cost
@@ -515,6 +600,18 @@ def render(
         scroll_y=snap.scroll_y,
         viewport_height=snap.viewport_height,
     )
+
+
+def _cut_to(text: str, tokens: int, count_tokens: TokenCounter) -> str:
+    """The longest prefix of `text` (plus an ellipsis) that counts at most `tokens`."""
+    low, high = 0, len(text)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if count_tokens(text[:mid] + "…") <= tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low].rstrip() + "…" if low else ""
 
 
 def _assemble(head: list[str], shown: list[_Line], below: int) -> str:
