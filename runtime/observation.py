@@ -39,6 +39,7 @@ import msgspec
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
+from runtime.compact import FIELD_KINDS, MARKERS, PREFIX, compact_element
 from runtime.config import ObservationConfig
 from runtime.errors import BrowserError, ObservationError, is_closed
 
@@ -216,8 +217,6 @@ class _Line:
 # A line longer than this is wrapped where one piece (a text run, an element) ends, so a
 # block of many links (a list of search results) cannot fill the whole budget as one line.
 _WRAP_CHARS: Final = 320
-# Compact markers that only start a line: kept for the line's first content.
-_MARKERS: Final = frozenset({"#", "##", "###", "####", "#####", "######", "-", "|"})
 
 
 class _Writer:
@@ -244,7 +243,7 @@ class _Writer:
 
     def _marker_only(self) -> bool:
         """Does the current line hold only a compact list or heading marker?"""
-        return self.compact and "".join(p for p, _ in self._parts).strip() in _MARKERS
+        return self.compact and "".join(p for p, _ in self._parts).strip() in MARKERS
 
     def drop_marker(self) -> None:
         if self._marker_only():
@@ -257,7 +256,11 @@ class _Writer:
         length = 0
         for index, (piece, _) in enumerate(self._parts):
             length += len(piece)
-            if length >= _WRAP_CHARS and index + 1 < len(self._parts):
+            if (
+                length >= _WRAP_CHARS
+                and index + 1 < len(self._parts)
+                and not self._parts[index + 1][0].lstrip().startswith("</")  # not "</p>" alone
+            ):
                 self._line(self._parts[start : index + 1])
                 start, length = index + 1, 0
         self._line(self._parts[start:])
@@ -302,7 +305,7 @@ class _Writer:
                 self.put("<table>", here)
                 self.flush()
             elif tag in _LINE_TAGS:
-                self.put(self._open(tag, node) if not self.compact else _PREFIX.get(tag, ""), here)
+                self.put(self._open(tag, node) if not self.compact else PREFIX.get(tag, ""), here)
             for child in node["c"]:
                 self.block(child, here)
             if tag in _LINE_TAGS and not self.compact:
@@ -314,7 +317,7 @@ class _Writer:
                 self.flush()
             return
         if self.compact and _has_interactive(node):
-            self.put(_PREFIX.get(tag, ""), here)
+            self.put(PREFIX.get(tag, ""), here)
             for child in node["c"]:
                 self.block(child, here)
             return
@@ -376,7 +379,7 @@ class _Writer:
             fingerprint=str(node.get("f", "")),
         )
         if self.compact:
-            return _compact_interactive(
+            return compact_element(
                 element_id,
                 tag,
                 text=text,
@@ -444,72 +447,6 @@ def _has_interactive(node: Any) -> bool:
     if isinstance(node, str):
         return False
     return "i" in node or any(_has_interactive(child) for child in node["c"])
-
-
-_PREFIX: Final = {
-    "h1": "# ",
-    "h2": "## ",
-    "h3": "### ",
-    "h4": "#### ",
-    "h5": "##### ",
-    "h6": "###### ",
-    "li": "- ",
-    "dt": "",
-    "dd": "  ",
-    "td": "| ",
-    "th": "| ",
-}
-
-_KIND: Final = {"a": "link", "button": "button", "select": "select", "textarea": "textarea"}
-_COMPACT_LABEL: Final = ("aria-label", "title", "alt", "name")
-_COMPACT_HINT: Final = ("placeholder", "aria-label", "title")
-FIELD_KINDS: Final = frozenset({"input", "select", "textarea", "checkbox", "radio"})
-
-
-def _compact_interactive(
-    element_id: int,
-    tag: str,
-    *,
-    text: str,
-    attrs: dict[str, str],
-    options: tuple[str, ...],
-    selected: list[int],
-    label: str = "",
-) -> str:
-    """`link Electronics [3]`; form fields: `input q "Search" = "shoes" [5]` (kind, name,
-    hint (placeholder, aria-label or title; else the text of the label around a checkbox
-    or radio), current value)."""
-    kind = _KIND.get(tag)
-    if tag == "input":
-        input_type = attrs.get("type", "text").lower()
-        kind = input_type if input_type in ("checkbox", "radio", "submit", "button") else "input"
-    if kind is None:
-        kind = attrs.get("role") or tag
-    if kind in FIELD_KINDS:
-        parts = [kind]
-        if attrs.get("name"):
-            parts.append("".join(attrs["name"].split()))
-        hint = next((attrs[n] for n in _COMPACT_HINT if attrs.get(n)), "") or label.strip()
-        if hint:
-            parts.append(f'"{_unquote(hint)}"')
-        value = text if tag == "textarea" else attrs.get("value", "")
-        if value and kind not in ("checkbox", "radio"):
-            parts.append(f'= "{_unquote(value)}"')
-        if "checked" in attrs:
-            parts.append("(checked)")
-        out = " ".join(parts)
-        if tag == "select":
-            shown = [f"{o} (selected)" if i in selected else o for i, o in enumerate(options)]
-            return f"{out} [{element_id}]: {' | '.join(shown)}"
-        return f"{out} [{element_id}]"
-    label = text or next((attrs[n] for n in _COMPACT_LABEL if attrs.get(n)), "")
-    if tag == "input" and not label:
-        label = attrs.get("value", "")
-    return f"{kind} {label} [{element_id}]" if label else f"{kind} [{element_id}]"
-
-
-def _unquote(text: str) -> str:
-    return text.replace('"', "'")
 
 
 def _clip(text: str, limit: int, *, keep_edges: bool = False) -> str:

@@ -124,7 +124,7 @@ async def test_a_scrolling_sidebar_shows_only_what_is_on_screen(
 
 
 async def test_a_stale_id_of_a_hidden_element_is_refused(pool: BrowserPool, web: Any) -> None:
-    config = ObservationConfig(style="html")
+    config = ObservationConfig(style="html", max_tokens=100_000)
     async with pool.session(allowed=[web.url]) as session:
         await session.open([web("/fixtures/sidebar.html")])
         observation = await session.observe(config)
