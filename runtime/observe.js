@@ -96,8 +96,10 @@
     if (el.scrollHeight <= el.clientHeight + 1 && el.scrollWidth <= el.clientWidth + 1) {
       return area; // nothing overflows: nothing is clipped
     }
+    // Across, only what can never scroll into view is clipped (a wide table in a
+    // scrolling wrapper keeps its columns: the actions scroll up and down only).
     const style = getComputedStyle(el);
-    const x = style.overflowX !== "visible";
+    const x = style.overflowX === "hidden" || style.overflowX === "clip";
     const y = style.overflowY !== "visible";
     if (!x && !y) return area;
     const l = r.left + el.clientLeft;

@@ -108,6 +108,8 @@ async def test_a_scrolling_sidebar_shows_only_what_is_on_screen(
         assert "method_299" not in first.text
         assert "The opening paragraph of the main content" in first.text
         assert "Section 3" in first.text
+        # A wide table in a wrapper that scrolls across keeps its far columns.
+        assert "far column" in [e.text for e in first.elements.values()]
 
         # Scroll Down moves both the window and the sidebar.
         seen = [first.text]
