@@ -39,6 +39,7 @@ import msgspec
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
+from runtime.compact import FIELD_KINDS, MARKERS, PREFIX, compact_element
 from runtime.config import ObservationConfig
 from runtime.errors import BrowserError, ObservationError, is_closed
 
@@ -211,7 +212,11 @@ async def observe(
 class _Line:
     text: str
     bottom: int
-    ids: int
+
+
+# A line longer than this is wrapped where one piece (a text run, an element) ends, so a
+# block of many links (a list of search results) cannot fill the whole budget as one line.
+_WRAP_CHARS: Final = 320
 
 
 class _Writer:
@@ -227,25 +232,47 @@ class _Writer:
         self.compact = config.style == "compact"
         self.lines: list[_Line] = []
         self.elements: dict[int, Element] = {}
-        self._parts: list[str] = []
-        self._bottom = 0
-        self._ids = 0
+        # The current line: pieces with their bottom edges.
+        self._parts: list[tuple[str, int]] = []
 
     # -- line buffer
     def put(self, text: str, bottom: int) -> None:
         """Append to the current line (spacing comes from the page's own whitespace)."""
         if text:
-            self._parts.append(text)
-            self._bottom = max(self._bottom, bottom)
+            self._parts.append((text, bottom))
+
+    def _marker_only(self) -> bool:
+        """Does the current line hold only a compact list or heading marker?"""
+        return self.compact and "".join(p for p, _ in self._parts).strip() in MARKERS
+
+    def drop_marker(self) -> None:
+        if self._marker_only():
+            self._parts = []
 
     def flush(self) -> None:
-        text = " ".join("".join(self._parts).split())
+        if self._marker_only():
+            return  # "- " waits for the item's first content: "- link Examples [6]"
+        start = 0
+        length = 0
+        for index, (piece, _) in enumerate(self._parts):
+            length += len(piece)
+            if (
+                length >= _WRAP_CHARS
+                and index + 1 < len(self._parts)
+                and not self._parts[index + 1][0].lstrip().startswith("</")  # not "</p>" alone
+            ):
+                self._line(self._parts[start : index + 1])
+                start, length = index + 1, 0
+        self._line(self._parts[start:])
+        self._parts = []
+
+    def _line(self, parts: list[tuple[str, int]]) -> None:
+        text = " ".join("".join(p for p, _ in parts).split())
         if not self.compact:
             text = _TIGHT_OPEN.sub(r"\1", text)
             text = _TIGHT_CLOSE.sub(r"\1", text)
         if text:
-            self.lines.append(_Line(text, self._bottom, self._ids))
-        self._parts, self._bottom, self._ids = [], 0, 0
+            self.lines.append(_Line(text, max(b for _, b in parts)))
 
     # -- nodes
     def block(self, node: Any, bottom: int) -> None:
@@ -263,24 +290,34 @@ class _Writer:
             else:
                 self.put(self.interactive(node), here)
             return
+        if self.compact and tag == "label":
+            box = _lone_box(node)
+            if box is not None:  # "checkbox remember "Remember this device" [7]"
+                self.flush()
+                self.put(self.interactive(box, label=self.inline(_without(node, box))), here)
+                self.flush()
+                return
         if tag in ("", "table") or tag in _LINE_TAGS:
             self.flush()
+            if tag in _LINE_TAGS:
+                self.drop_marker()  # an empty item's marker gives way to this line's
             if tag == "table" and not self.compact:
                 self.put("<table>", here)
                 self.flush()
             elif tag in _LINE_TAGS:
-                self.put(self._open(tag, node) if not self.compact else _PREFIX.get(tag, ""), here)
+                self.put(self._open(tag, node) if not self.compact else PREFIX.get(tag, ""), here)
             for child in node["c"]:
                 self.block(child, here)
             if tag in _LINE_TAGS and not self.compact:
                 self.put(f"</{tag}>", here)
             self.flush()
+            self.drop_marker()
             if tag == "table" and not self.compact:
                 self.put("</table>", here)
                 self.flush()
             return
         if self.compact and _has_interactive(node):
-            self.put(_PREFIX.get(tag, ""), here)
+            self.put(PREFIX.get(tag, ""), here)
             for child in node["c"]:
                 self.block(child, here)
             return
@@ -293,7 +330,7 @@ class _Writer:
         if "i" in node:
             return self.interactive(node)
         tag: str = node["t"]
-        inner = " ".join("".join(self.inline(child) for child in node["c"]).split())
+        inner = self._inline_children(node["c"])
         if self.compact:
             if tag == "img":
                 return f"image {node['a'].get('alt', '')}"
@@ -306,7 +343,18 @@ class _Writer:
             return self._open(tag, node)
         return f"{self._open(tag, node)}{inner}</{tag}>"
 
-    def interactive(self, node: Any) -> str:
+    def _inline_children(self, children: list[Any]) -> str:
+        """Children on one line; a block among them is set off by spaces, as a browser
+        would break the line ("struct std::vec::Vec A contiguous growable array")."""
+        parts = []
+        for child in children:
+            text = self.inline(child)
+            if not isinstance(child, str) and "i" not in child and _is_block(child["t"]):
+                text = f" {text} "
+            parts.append(text)
+        return " ".join("".join(parts).split())
+
+    def interactive(self, node: Any, *, label: str = "") -> str:
         element_id = int(node["i"])
         tag: str = node["t"]
         attrs: dict[str, str] = {
@@ -321,7 +369,7 @@ class _Writer:
             options = ()
             selected = []
             inner_nodes = node["c"]
-            text = " ".join("".join(self.inline(c) for c in inner_nodes).split())
+            text = self._inline_children(inner_nodes)
         self.elements[element_id] = Element(
             id=element_id,
             tag=tag,
@@ -330,10 +378,15 @@ class _Writer:
             options=options,
             fingerprint=str(node.get("f", "")),
         )
-        self._ids += 1
         if self.compact:
-            return _compact_interactive(
-                element_id, tag, text=text, attrs=attrs, options=options, selected=selected
+            return compact_element(
+                element_id,
+                tag,
+                text=text,
+                attrs=attrs,
+                options=options,
+                selected=selected,
+                label=label,
             )
         open_tag = self._open(tag, {"a": attrs}, element_id=element_id)
         if tag == "select":
@@ -362,74 +415,38 @@ class _Writer:
         return "<" + " ".join(parts) + ">"
 
 
+def _is_block(tag: str) -> bool:
+    return tag in ("", "table", "td", "th") or tag in _LINE_TAGS
+
+
+def _interactives(node: Any) -> list[Any]:
+    if isinstance(node, str):
+        return []
+    if "i" in node:
+        return [node]
+    return [found for child in node["c"] for found in _interactives(child)]
+
+
+def _lone_box(label: Any) -> Any:
+    """The one checkbox or radio inside a label with no other control, or None."""
+    found = _interactives(label)
+    if len(found) != 1 or found[0]["t"] != "input":
+        return None
+    kind = str(found[0]["a"].get("type", "")).lower()
+    return found[0] if kind in ("checkbox", "radio") else None
+
+
+def _without(node: Any, target: Any) -> Any:
+    """`node`'s tree without `target` (the label's text around its checkbox)."""
+    if isinstance(node, str):
+        return node
+    return {**node, "c": [_without(c, target) for c in node["c"] if c is not target]}
+
+
 def _has_interactive(node: Any) -> bool:
     if isinstance(node, str):
         return False
     return "i" in node or any(_has_interactive(child) for child in node["c"])
-
-
-_PREFIX: Final = {
-    "h1": "# ",
-    "h2": "## ",
-    "h3": "### ",
-    "h4": "#### ",
-    "h5": "##### ",
-    "h6": "###### ",
-    "li": "- ",
-    "dt": "",
-    "dd": "  ",
-    "td": "| ",
-    "th": "| ",
-}
-
-_KIND: Final = {"a": "link", "button": "button", "select": "select", "textarea": "textarea"}
-_COMPACT_LABEL: Final = ("aria-label", "title", "alt", "name")
-_COMPACT_HINT: Final = ("placeholder", "aria-label", "title")
-FIELD_KINDS: Final = frozenset({"input", "select", "textarea", "checkbox", "radio"})
-
-
-def _compact_interactive(
-    element_id: int,
-    tag: str,
-    *,
-    text: str,
-    attrs: dict[str, str],
-    options: tuple[str, ...],
-    selected: list[int],
-) -> str:
-    """`link Electronics [3]`; form fields: `input q "Search" = "shoes" [5]` (kind, name,
-    hint (placeholder, aria-label or title), current value)."""
-    kind = _KIND.get(tag)
-    if tag == "input":
-        input_type = attrs.get("type", "text").lower()
-        kind = input_type if input_type in ("checkbox", "radio", "submit", "button") else "input"
-    if kind is None:
-        kind = attrs.get("role") or tag
-    if kind in FIELD_KINDS:
-        parts = [kind]
-        if attrs.get("name"):
-            parts.append("".join(attrs["name"].split()))
-        hint = next((attrs[n] for n in _COMPACT_HINT if attrs.get(n)), "")
-        if hint:
-            parts.append(f'"{_unquote(hint)}"')
-        value = text if tag == "textarea" else attrs.get("value", "")
-        if value and kind not in ("checkbox", "radio"):
-            parts.append(f'= "{_unquote(value)}"')
-        if "checked" in attrs:
-            parts.append("(checked)")
-        out = " ".join(parts)
-        if tag == "select":
-            shown = [f"{o} (selected)" if i in selected else o for i, o in enumerate(options)]
-            return f"{out} [{element_id}]: {' | '.join(shown)}"
-        return f"{out} [{element_id}]"
-    label = text or next((attrs[n] for n in _COMPACT_LABEL if attrs.get(n)), "")
-    if tag == "input" and not label:
-        label = attrs.get("value", "")
-    return f"{kind} {label} [{element_id}]" if label else f"{kind} [{element_id}]"
-
-
-def _unquote(text: str) -> str:
-    return text.replace('"', "'")
 
 
 def _clip(text: str, limit: int, *, keep_edges: bool = False) -> str:
@@ -491,7 +508,12 @@ def render(
     for index, line in enumerate(lines):
         cost = count_tokens(line.text) + 1
         rest_needs_marker = index < len(lines) - 1
-        if used + cost + (marker_reserve if rest_needs_marker else 0) > budget:
+        room = budget - used - (marker_reserve if rest_needs_marker else 0)
+        if cost > room:
+            if not shown:  # one line longer than the budget: show what fits of it
+                part = _cut_to(line.text, room - 1, count_tokens)
+                if part:
+                    shown.append(_Line(part, line.bottom))
             break
         shown.append(line)
         used += cost
@@ -515,6 +537,18 @@ def render(
         scroll_y=snap.scroll_y,
         viewport_height=snap.viewport_height,
     )
+
+
+def _cut_to(text: str, tokens: int, count_tokens: TokenCounter) -> str:
+    """The longest prefix of `text` (plus an ellipsis) that counts at most `tokens`."""
+    low, high = 0, len(text)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if count_tokens(text[:mid] + "…") <= tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low].rstrip() + "…" if low else ""
 
 
 def _assemble(head: list[str], shown: list[_Line], below: int) -> str:

@@ -9,6 +9,11 @@
 //    b: bottom edge in page coordinates, c: [children]}
 // Hidden elements (display:none, visibility:hidden, zero size, aria-hidden subtrees that
 // are not focusable) are left out; open shadow roots are walked; iframes are not.
+// Elements not painted because a scroll container (overflow other than visible) clips them
+// away, or because they lie wholly left of or above the document, are left out too: a
+// sidebar that scrolls on its own shows only what is on screen (Scroll Down moves it).
+// `window.__webagentShown(el)` is left behind for the session: is a marked element still
+// shown as this script would judge it (a stale id of a hidden element is refused)?
 (args) => {
   const ID = args.idAttr;
   const MAXT = args.maxText;
@@ -26,6 +31,11 @@
     "FIELDSET", "UL", "OL", "DL", "TBODY", "THEAD", "TFOOT", "FIGURE", "FIGCAPTION", "BR",
     "HR", "ADDRESS", "DETAILS", "DIALOG", "MENU", "LEGEND", "HGROUP", "SEARCH", "CENTER",
     "BODY",
+  ]);
+  // Elements that may scroll their content (or clip it) on their own.
+  const CONTAINERS = new Set([
+    "DIV", "SECTION", "ARTICLE", "MAIN", "NAV", "ASIDE", "UL", "OL", "DL", "PRE", "TABLE",
+    "TBODY", "FORM", "FIELDSET", "MENU", "DIALOG", "DETAILS",
   ]);
   const ROLES = new Set([
     "button", "link", "checkbox", "radio", "tab", "menuitem", "menuitemcheckbox",
@@ -59,6 +69,54 @@
       if (dr.width > 0 && dr.height > 0) return true;
     }
     return false;
+  };
+
+  // Is `el` (a marked element) shown: rendered, visible, with a box of its own, of a
+  // descendant, or (a styled checkbox or radio) of its label?
+  const shown = (el) => {
+    if (typeof el.checkVisibility === "function" &&
+        !el.checkVisibility({checkVisibilityCSS: true, visibilityProperty: true})) {
+      return false;
+    }
+    if (hasBox(el)) return true;
+    const type = (el.getAttribute("type") || "").toLowerCase();
+    if (el.tagName !== "INPUT" || (type !== "checkbox" && type !== "radio") || !el.labels) {
+      return false;
+    }
+    return [...el.labels].some((label) => hasBox(label));
+  };
+  window.__webagentShown = shown;
+
+  // The part of the viewport that scroll containers let through: {l, t, r, b} or null.
+  const scrollX = window.scrollX;
+  const outside = (r, area) =>
+    r.right + scrollX <= 0 || r.bottom + scrollY <= 0 || (area !== null &&
+      (r.right <= area.l || r.left >= area.r || r.bottom <= area.t || r.top >= area.b));
+  const areaOf = (el, r, area) => {
+    if (el.scrollHeight <= el.clientHeight + 1 && el.scrollWidth <= el.clientWidth + 1) {
+      return area; // nothing overflows: nothing is clipped
+    }
+    // Across, only what can never scroll into view is clipped (a wide table in a
+    // scrolling wrapper keeps its columns: the actions scroll up and down only).
+    const style = getComputedStyle(el);
+    const x = style.overflowX === "hidden" || style.overflowX === "clip";
+    const y = style.overflowY !== "visible";
+    if (!x && !y) return area;
+    const l = r.left + el.clientLeft;
+    const t = r.top + el.clientTop;
+    const own = {
+      l: x ? l : -Infinity,
+      t: y ? t : -Infinity,
+      r: x ? l + el.clientWidth : Infinity,
+      b: y ? t + el.clientHeight : Infinity,
+    };
+    if (area === null) return own;
+    return {
+      l: Math.max(own.l, area.l),
+      t: Math.max(own.t, area.t),
+      r: Math.min(own.r, area.r),
+      b: Math.min(own.b, area.b),
+    };
   };
 
   const fingerprint = (el) =>
@@ -98,15 +156,15 @@
   let next = 1;
 
   // Children of `el` (its shadow root's, when it has an open one) into `out`.
-  const walkChildren = (el, out, hidden) => {
+  const walkChildren = (el, out, hidden, area) => {
     const root = el.shadowRoot || el;
-    for (let n = root.firstChild; n !== null; n = n.nextSibling) walk(n, out, hidden);
+    for (let n = root.firstChild; n !== null; n = n.nextSibling) walk(n, out, hidden, area);
     if (el.tagName === "SLOT") {
-      for (const n of el.assignedNodes()) walk(n, out, hidden);
+      for (const n of el.assignedNodes()) walk(n, out, hidden, area);
     }
   };
 
-  const walk = (node, out, hidden) => {
+  const walk = (node, out, hidden, outerArea) => {
     if (node.nodeType === Node.TEXT_NODE) {
       if (hidden) return;
       const text = collapse(node.nodeValue || "");
@@ -125,6 +183,20 @@
     const invisible = typeof el.checkVisibility === "function"
       ? !el.checkVisibility({checkVisibilityCSS: true, visibilityProperty: true})
       : getComputedStyle(el).visibility !== "visible";
+    // Clipped away by a scroll container (a fixed element escapes its ancestors' clips).
+    // (Boxes are measured only inside a scroll container, and for the containers: most
+    // elements of a long page are neither.)
+    let area = outerArea;
+    const container = CONTAINERS.has(tag) || tag.includes("-"); // custom elements too
+    if (area !== null || container || isInteractive(el)) {
+      const rect = el.getBoundingClientRect();
+      if (rect.width > 0 && rect.height > 0 && outside(rect, area)) {
+        if (getComputedStyle(el).position !== "fixed") return;
+        area = null;
+        if (outside(rect, area)) return;
+      }
+      if (container) area = areaOf(el, rect, area);
+    }
     if (tag === "SELECT") {
       if (invisible || !hasBox(el)) return;
       const opts = [];
@@ -163,7 +235,7 @@
       const id = next++;
       marks.push([el, id]);
       const c = [];
-      walkChildren(el, c, hidden);
+      walkChildren(el, c, hidden, area);
       const b = Math.round(el.getBoundingClientRect().bottom) + scrollY;
       out.push({t: tag.toLowerCase(), i: id, a: attrsOf(el), f: fingerprint(el), b, c});
       return;
@@ -171,7 +243,7 @@
     const kept = KEPT.has(tag);
     const block = BLOCK.has(tag);
     if (!kept && !block) {
-      walkChildren(el, out, invisible);
+      walkChildren(el, out, invisible, area);
       return;
     }
     if (tag === "IMG") {
@@ -182,7 +254,7 @@
       return;
     }
     const c = [];
-    walkChildren(el, c, invisible);
+    walkChildren(el, c, invisible, area);
     if (tag === "BR" || tag === "HR") {
       out.push({t: "", b: Math.round(el.getBoundingClientRect().bottom) + scrollY, c: []});
       return;
@@ -196,7 +268,7 @@
   for (const old of window.__webagentMarks || []) old.removeAttribute(ID);
   for (const old of document.querySelectorAll("[" + ID + "]")) old.removeAttribute(ID);
   const rootChildren = [];
-  if (document.body) walk(document.body, rootChildren, false);
+  if (document.body) walk(document.body, rootChildren, false, null);
   for (const [el, id] of marks) el.setAttribute(ID, String(id));
   window.__webagentMarks = marks.map(([el]) => el);
   return {

@@ -88,12 +88,14 @@ _COMPACT_FIELD: Final = re.compile(
     r"(?P<checked>\(checked\))?$"
 )
 _TAG_OF_KIND: Final = {"link": "a", "checkbox": "input", "radio": "input", "submit": "input"}
+# A list item's or heading's marker before its first element: "- link Examples [6]".
+_COMPACT_MARKER: Final = re.compile(r"^(?:#{1,6}|-|\|) ")
 
 
 def _parse_compact(text: str) -> list[Element]:
     found: list[Element] = []
     for line in text.splitlines():
-        match = _COMPACT_ELEMENT.match(line)
+        match = _COMPACT_ELEMENT.match(_COMPACT_MARKER.sub("", line, count=1))
         if match is None:
             continue
         kind = match["kind"]

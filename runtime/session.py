@@ -54,10 +54,13 @@ __all__ = ["Allowlist", "BrowserSession"]
 log = structlog.get_logger("runtime.session")
 
 # Finds the element marked `id` by the last observation and returns its fingerprint,
-# computed exactly as observe.js does; null when it is gone.
+# computed exactly as observe.js does; null when it is gone, "hidden" when not shown now.
 _CHECK: Final = """(a) => {
   const el = (window.__webagentMarks || [])[a.id - 1];
   if (!el || !el.isConnected || el.getAttribute(a.attr) !== String(a.id)) return null;
+  // Hidden since it was shown (observe.js's own test): refused like a removed element.
+  const shown = window.__webagentShown;
+  if (typeof shown === "function" && !shown(el)) return "hidden";
   const collapse = (s) => s.replace(/\\s+/g, " ");
   const fp = el.tagName.toLowerCase() + "|" + collapse(el.textContent || "").trim().slice(0, 100) +
     "|" + (el.getAttribute("name") || "") + "|" + (el.getAttribute("type") || "");
@@ -73,9 +76,19 @@ _CHECK: Final = """(a) => {
   return [fp, tab, !(r.width > 0 && r.height > 0), el.disabled === true];
 }"""
 
-_SCROLL: Final = (
-    "(y) => { window.scrollTo({top: y, left: 0, behavior: 'instant'}); return window.scrollY; }"
-)
+# Scrolls the window to `y`, and each scroll container on screen by `step` (a sidebar that
+# scrolls on its own moves along with the page).
+_SCROLL: Final = """({y, step}) => {
+  window.scrollTo({top: y, left: 0, behavior: 'instant'});
+  for (const el of document.body ? document.body.querySelectorAll("*") : []) {
+    if (el.scrollHeight <= el.clientHeight + 1 || el.tagName === "TEXTAREA") continue;
+    const r = el.getBoundingClientRect();
+    if (r.bottom <= 0 || r.top >= window.innerHeight || r.width === 0) continue;
+    const o = getComputedStyle(el).overflowY;
+    if (o !== "auto" && o !== "scroll") continue;
+    el.scrollBy({top: step * el.clientHeight, behavior: "instant"});
+  }
+}"""
 
 
 # How long an aborted navigation may take to show up as a (refused) download.
@@ -399,6 +412,8 @@ class BrowserSession:
             raise ActionError(f"the page did not answer while looking up element {element_id}")
         if current is None:
             raise ElementNotFound(f"element {element_id} is not on the page any more")
+        if current == "hidden":
+            raise ElementNotFound(f"element {element_id} is hidden now; look at the page again")
         fingerprint, opens_tab, boxless, disabled = current
         if observed.fingerprint and fingerprint != observed.fingerprint:
             raise ElementNotFound(
@@ -477,7 +492,7 @@ class BrowserSession:
             target = max(0, current - step)
         with anyio.move_on_after(self.config.action_timeout_s) as scope:
             with playwright_errors("scroll", action=True):
-                await page.evaluate(_SCROLL, target)
+                await page.evaluate(_SCROLL, {"y": target, "step": 0.8 if down else -0.8})
         if scope.cancelled_caught:
             raise ActionError("the page did not answer while scrolling")
 

@@ -276,3 +276,122 @@ def test_compact_style_puts_text_before_the_id() -> None:
         "select size [3]: S | M (selected)",
         "| A | $3",
     ]
+
+
+def _link(i: int, *children: object) -> dict[str, object]:
+    return {"t": "a", "i": i, "a": {"href": f"/r/{i}"}, "b": 10 + i, "c": list(children)}
+
+
+def test_a_long_line_is_wrapped_so_the_rest_of_the_page_shows() -> None:
+    # rustdoc's search results: 200 result links side by side in one block, no spaces.
+    results = [
+        _link(i, f"function core::arch::vec_{i} Vector operation {i}") for i in range(1, 201)
+    ]
+    root = {
+        "t": "",
+        "b": 0,
+        "c": [{"t": "", "b": 4000, "c": results}, {"t": "p", "b": 4100, "c": ["End"]}],
+    }
+    for style in ("html", "compact"):
+        observation = render(_snapshot(root), ObservationConfig(style=style, show_url=False))
+        assert observation.tokens <= 2048
+        assert len(observation.elements) >= 40, style
+        assert sorted(observation.elements) == list(range(1, len(observation.elements) + 1))
+        assert max(len(line) for line in observation.text.splitlines()) < 500
+        assert observation.lines_below > 0
+
+
+def test_a_line_longer_than_the_whole_budget_is_cut_not_hidden() -> None:
+    # One element whose text alone is over the budget: what fits of it is shown.
+    runs = [f"part {i} of a very long link text. " for i in range(400)]
+    root = {"t": "", "b": 0, "c": [_link(1, *runs), {"t": "p", "b": 900, "c": ["After"]}]}
+    config = ObservationConfig(style="html", show_url=False, max_tokens=300)
+    observation = render(_snapshot(root), config)
+    assert observation.tokens <= 300
+    assert '<a id="1" href="/r/1">part 0 of a very long link text. part 1' in observation.text
+    assert sorted(observation.elements) == [1]
+    assert observation.text.endswith("<!-- truncated: 1 more lines below -->")
+
+
+def test_block_children_of_a_link_are_set_apart_by_spaces() -> None:
+    link = _link(
+        1,
+        {"t": "", "b": 11, "c": ["struct", {"t": "", "b": 11, "c": ["std::collections::HashMap"]}]},
+        {"t": "", "b": 11, "c": ["A hash map"]},
+    )
+    root = {"t": "", "b": 0, "c": [link]}
+    for style in ("html", "compact"):
+        observation = render(_snapshot(root), ObservationConfig(style=style, show_url=False))
+        assert observation.elements[1].text == "struct std::collections::HashMap A hash map"
+        assert "struct std::collections::HashMap A hash map" in observation.text
+
+
+def test_compact_markers_share_the_line_of_their_first_element() -> None:
+    root = {
+        "t": "",
+        "b": 0,
+        "c": [
+            {"t": "h2", "b": 10, "c": [_link(1, "Vec")]},
+            {"t": "", "b": 20, "c": [{"t": "li", "b": 20, "c": [_link(2, "Examples")]}]},
+            {"t": "li", "b": 30, "c": [{"t": "", "b": 30, "c": [_link(3, "push"), " appends"]}]},
+            {"t": "li", "b": 40, "c": [{"t": "", "b": 40, "c": []}]},
+            {"t": "h3", "b": 50, "c": ["Methods"]},
+            {"t": "td", "b": 60, "c": [_link(4, "Order 1130")]},
+        ],
+    }
+    text = render(_snapshot(root), ObservationConfig(style="compact", show_url=False)).text
+    assert text.splitlines() == [
+        "Title: T",
+        "## link Vec [1]",
+        "- link Examples [2]",
+        "- link push [3]",
+        "appends",
+        "### Methods",
+        "| link Order 1130 [4]",
+    ]
+    parsed = {e.id: (e.tag, e.text) for e in parse_elements(text, "compact")}
+    assert parsed == {
+        1: ("a", "Vec"),
+        2: ("a", "Examples"),
+        3: ("a", "push"),
+        4: ("a", "Order 1130"),
+    }
+
+
+def test_compact_keeps_a_checkbox_with_its_label() -> None:
+    def box(i: int, kind: str, name: str, **extra: str) -> dict[str, object]:
+        return {"t": "input", "i": i, "a": {"type": kind, "name": name, **extra}, "b": 10, "c": []}
+
+    root = {
+        "t": "",
+        "b": 0,
+        "c": [
+            {
+                "t": "label",
+                "b": 10,
+                "c": [
+                    box(1, "checkbox", "remember"),
+                    {"t": "", "b": 10, "c": ["Remember this device"]},
+                ],
+            },
+            {
+                "t": "label",
+                "b": 20,
+                "c": [box(2, "radio", "area", checked=""), " Personal banking"],
+            },
+            {
+                "t": "label",
+                "b": 30,
+                "c": ["Select all ", box(3, "checkbox", "all", **{"aria-label": "All rows"})],
+            },
+        ],
+    }
+    text = render(_snapshot(root), ObservationConfig(style="compact", show_url=False)).text
+    assert text.splitlines() == [
+        "Title: T",
+        'checkbox remember "Remember this device" [1]',
+        'radio area "Personal banking" (checked) [2]',
+        'checkbox all "All rows" [3]',
+    ]
+    labels = {e.id: e.attrs["label"] for e in parse_elements(text, "compact")}
+    assert labels == {1: "Remember this device", 2: "Personal banking", 3: "All rows"}
