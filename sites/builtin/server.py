@@ -30,6 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from runtime.config import SitesConfig
+from runtime.http import listen_socket
 from sites.builtin.admin import build_admin
 from sites.builtin.code import build_code
 from sites.builtin.data import ACCOUNTS, World, build_world
@@ -184,17 +185,10 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted sockets only when the
-    # listening socket says TCP (proto 0 costs ~40 ms per keep-alive request, Nagle).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        return listen_socket(host, port)  # TCP_NODELAY on accepted sockets
     except OSError as exc:
-        sock.close()
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock
 
 
 @contextlib.asynccontextmanager
