@@ -120,6 +120,8 @@ def endpoint_token(endpoint: EndpointConfig, environ: Mapping[str, str]) -> str:
     source = "[endpoint]"
     for field, problem in endpoint_problems(endpoint):
         raise ConfigError(source, field, problem)
+    if not endpoint.enabled:
+        return ""
     token, field = endpoint.token, "endpoint.token"
     if endpoint.token_file:
         field = "endpoint.token_file"
@@ -267,6 +269,12 @@ class RunTargets:
                 self.sites[port] = parts.hostname.lower()
         self.count_tokens = count_tokens
         self.max_intent_tokens = max_intent_tokens
+
+    def add_own(self, url: str) -> None:
+        """One more server of this process (the API, once it listens on its port)."""
+        port = _url_port(url)
+        if port is not None:
+            self.own_ports.add(port)
 
     def check(self, request: RunRequest) -> None:
         """Raise `RunRefused` for a request that can never run."""

@@ -380,11 +380,15 @@ async def test_runs_that_can_never_run_are_422_up_front(
     script = Script()
     policy, site = free_port(), free_port()
     async with RunService(script, max_runs=1, max_turns=20) as runs:
-        holder: list[str] = []
-        targets = _LateTargets(holder, policy, site)
+        targets = RunTargets(
+            own=[f"http://127.0.0.1:{policy}"],
+            site_urls=[f"http://127.0.0.1:{site}"],
+            count_tokens=lambda text: len(text.split()),
+            max_intent_tokens=20,
+        )
         app = build_app(engine=Engine(), runs=runs, targets=targets)
         async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url) as client:
-            holder.append(url)
+            targets.add_own(url)
             ports = {"api": url.rsplit(":", 1)[1], "policy": str(policy), "site": str(site)}
             body: dict[str, Any] = {"intent": "x", "start_url": f"http://127.0.0.1:{site}/"}
             for key, value in change.items():
@@ -396,23 +400,6 @@ async def test_runs_that_can_never_run_are_422_up_front(
             assert not script.started.is_set()
             ok = {"intent": "x", "start_url": f"HTTP://127.0.0.1:{site}/", "sites": ["h:81"]}
             assert (await client.post("/v1/runs", json=ok)).status_code == 202
-
-
-class _LateTargets(RunTargets):
-    """RunTargets of a served app whose URL is known only once it listens."""
-
-    def __init__(self, holder: list[str], policy: int, site: int) -> None:
-        super().__init__(
-            site_urls=[f"http://127.0.0.1:{site}"],
-            count_tokens=lambda text: len(text.split()),
-            max_intent_tokens=20,
-        )
-        self.holder = holder
-        self.policy = policy
-
-    def check(self, request: RunRequest) -> None:
-        self.own_ports = {int(self.holder[0].rsplit(":", 1)[1]), self.policy}
-        super().check(request)
 
 
 def _fill(value: Any, ports: dict[str, str]) -> Any:
