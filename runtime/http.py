@@ -189,6 +189,7 @@ async def serve_asgi(
         http=_protocol_class(limits, stats),
         ws="none",
         log_config=None,
+        log_level="warning",
         access_log=False,
         lifespan="off",
         h11_max_incomplete_event_size=limits.max_header_bytes,
