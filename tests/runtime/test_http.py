@@ -67,7 +67,7 @@ async def test_keep_alive_responses_are_not_delayed_by_nagle() -> None:
             response = await client.get("/healthz")
             times.append(time.perf_counter() - started)
             assert response.status_code == 200
-    assert statistics.median(times) < 0.02, times
+    assert statistics.median(times) < 0.03, times  # Nagle + delayed ACK: >= 40 ms
 
 
 async def _half_open(port: int) -> anyio.abc.SocketStream:
