@@ -77,6 +77,7 @@ class PolicyLoad(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 _encoder = msgspec.json.Encoder()
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`")
+_PID = re.compile(r"(?P<word>\bpid\s*[=:]?\s*)\d+", re.IGNORECASE)
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -132,6 +133,7 @@ def _redact(message: str) -> str:
     cwd = str(Path.cwd())
     if cwd != "/":
         message = message.replace(cwd + os.sep, "").replace(cwd, ".")
+    message = _PID.sub(r"\g<word><pid>", message)  # this process's or vLLM's ("pid=4242")
     return re.sub(rf"(?<!\d){os.getpid()}(?!\d)", "<pid>", message)
 
 

@@ -348,13 +348,19 @@ async def test_policy_load_errors_show_no_working_directory_or_pid(open_api: Any
     client, _, _, engine = open_api
 
     async def refuse(path: str) -> str:
-        raise ValueError(f"{Path.cwd() / path}: no manifest.json (server pid {os.getpid()})")
+        raise ValueError(
+            f"{Path.cwd() / path}: no manifest.json (server pid {os.getpid()}); "
+            f"(EngineCore_0 pid=4242) in {os.getpid()}"
+        )
 
     engine.load_policy = refuse
     response = await client.post("/policies/load", json={"path": "adapters/v9"})
     error = response.json()["error"]
     assert response.status_code == 422
-    assert error == "adapters/v9: no manifest.json (server pid <pid>)"
+    assert (
+        error
+        == "adapters/v9: no manifest.json (server pid <pid>); (EngineCore_0 pid=<pid>) in <pid>"
+    )
 
 
 @pytest.mark.parametrize(
