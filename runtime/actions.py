@@ -12,12 +12,17 @@ ACTION is one call, parsed with `ast` (literals only, never evaluated):
 Element ids may be given as "25" or 25. Anything else raises `ParseError` with a message
 the model reads in its next observation. Executing actions on a page is
 `runtime.session.BrowserSession.execute`.
+
+Whatever a model writes, parsing costs time linear in the reply (tags are found with
+`str.find`, never a backtracking regex; a reply over `MAX_COMPLETION_CHARS` is refused
+before any scan) and what it accepts can always be encoded to JSON and stored: a string
+literal with a lone surrogate escape (`"\\ud800"`) is a `ParseError`, and a thought with
+one gets U+FFFD in its place.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -27,6 +32,7 @@ from runtime.messages import Action
 __all__ = [
     "ACTION_NAMES",
     "MAX_ANSWER_CHARS",
+    "MAX_COMPLETION_CHARS",
     "Completion",
     "format_action",
     "parse_action",
@@ -55,12 +61,12 @@ _BY_LOWER: Final[dict[str, str]] = {name.lower(): name for name in _NEEDS}
 
 # Longer answers are refused before `ast` sees them (parsing cost stays bounded).
 MAX_ANSWER_CHARS: Final = 4000
+# Longer replies are refused before any scan (a 2048-token reply is far shorter).
+MAX_COMPLETION_CHARS: Final = 200_000
 
 # A literal argument value of the DSL.
 _Value = str | int | float | None
 
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _USAGE = 'expected one of do(action="...", ...), go_backward(), go_forward(), exit(message="...")'
 
 
@@ -73,14 +79,22 @@ class Completion:
 
 
 def thought_of(text: str) -> str:
-    """The text of the first `<think>` span, stripped ("" when there is none)."""
-    match = _THINK.search(text)
-    return match.group(1).strip() if match else ""
+    """The text of the first `<think>` span, stripped ("" when there is none).
+
+    Lone surrogates (which JSON cannot carry) become U+FFFD; only the first
+    `MAX_COMPLETION_CHARS` characters are looked at.
+    """
+    spans = _spans(text[:MAX_COMPLETION_CHARS], "<think>", "</think>", limit=1)
+    return _valid_unicode(spans[0].strip()) if spans else ""
 
 
 def parse_completion(text: str) -> Completion:
     """The thought and the action of a completion; raises `ParseError` if there is none."""
-    answers = _ANSWER.findall(text)
+    if len(text) > MAX_COMPLETION_CHARS:
+        raise ParseError(
+            f"the reply is {len(text)} characters long; the limit is {MAX_COMPLETION_CHARS}"
+        )
+    answers = _spans(text, "<answer>", "</answer>")
     if not answers:
         if "<answer>" in text:
             raise ParseError("the <answer> tag is not closed with </answer>")
@@ -88,6 +102,37 @@ def parse_completion(text: str) -> Completion:
     if len(answers) > 1:
         raise ParseError(f"{len(answers)} <answer> tags in the reply; give exactly one action")
     return Completion(thought_of(text), parse_action(answers[0]))
+
+
+def _spans(text: str, open_tag: str, close_tag: str, *, limit: int = 0) -> list[str]:
+    """What `re.findall(open(.*?)close, DOTALL)` gives, in time linear in `text`.
+
+    Each search starts where the previous one ended, so no character is scanned twice per
+    tag; once an opening tag has no closing one after it, no later one can have either.
+    `limit` > 0 stops after that many spans.
+    """
+    spans: list[str] = []
+    pos = 0
+    while not limit or len(spans) < limit:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            break
+        start += len(open_tag)
+        end = text.find(close_tag, start)
+        if end < 0:
+            break
+        spans.append(text[start:end])
+        pos = end + len(close_tag)
+    return spans
+
+
+def _valid_unicode(text: str) -> str:
+    """`text` with any lone surrogate replaced by U+FFFD (JSON and UTF-8 cannot hold one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
 
 
 def parse_action(source: str) -> Action:
@@ -180,10 +225,28 @@ def _literal(node: ast.expr, func: str, where: str) -> _Value:
         if value is None and not negative:
             return None
         if isinstance(value, str) and not negative:
-            return value
+            return _text_literal(value, func, where)
         if isinstance(value, int | float) and not isinstance(value, bool):
             return -value if negative else value
     raise ParseError(f"{func}(): {where} must be a string or number literal")
+
+
+def _text_literal(value: str, func: str, where: str) -> str:
+    """`value` as storable text: surrogate pairs written as two escapes ("\\ud83d\\ude00",
+    as JSON spells them) become their character; a lone surrogate is a `ParseError`."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        lone = next(c for c in value if 0xD800 <= ord(c) <= 0xDFFF)
+        raise ParseError(
+            f"{func}(): {where} holds a lone surrogate \\u{ord(lone):04x}, which is not text; "
+            "write the character itself"
+        ) from None
 
 
 def _element(raw: object, name: str) -> int:

@@ -1,18 +1,23 @@
 """HTTP: the daemon's control API and the agent endpoint, one starlette app.
 
 Routes (every one but `/healthz` needs `Authorization: Bearer <token>` when a token is
-configured; tokens are compared in constant time and never logged):
+configured; tokens are compared in constant time and never logged). In front of the token
+check, `runtime.guard.RequestGuard` refuses a foreign Host (421) or Origin (403), a body
+that is not `application/json` (415) or too long (413):
 
     GET  /healthz                  liveness, no auth
     GET  /status                   adapter versions, queues, pools, throughput, success
     GET  /metrics                  Prometheus text format
-    POST /control/pause            stop starting new turns
+    POST /control/pause            stop starting new turns (training: rollouts); in serving
+                                   mode it answers "paused": false and says why
     POST /control/resume
     POST /policies/load            {"path": DIR}: serve an adapter trained elsewhere
-    POST /v1/runs                  RunRequest -> 202 {"run_id": ...}; 422 names the field,
+    POST /v1/runs                  RunRequest -> 202 {"run_id": ...}; 422 names the field
+                                   (also for a run that can never run: `RunTargets`),
                                    429 + Retry-After when the endpoint is full
     GET  /v1/runs/{id}             RunState
     GET  /v1/runs/{id}/events      server-sent events: `turn` per turn, then `end`
+    DELETE /v1/runs/{id}           cancel a run (also POST /v1/runs/{id}/cancel) -> RunState
 
 The app talks to the daemon through two narrow seams: an `Engine` (status, metrics,
 pause, policy loading) and a `RunService` that owns the agent runs.
@@ -21,8 +26,10 @@ pause, policy loading) and a `RunService` that owns the agent runs.
 from __future__ import annotations
 
 import hmac
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -34,6 +41,8 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.config import EndpointConfig
+from runtime.guard import RequestGuard, RunRefused, RunTargets
 from runtime.messages import RunRequest, RunState, RunTurn
 from runtime.runs import EndpointFull, RunService, UnknownRun
 
@@ -44,6 +53,9 @@ log = structlog.get_logger("runtime.api")
 
 class Engine(Protocol):
     """What the control API needs from the daemon."""
+
+    # False in serving mode: there are no rollouts for pause/resume to act on.
+    training: bool
 
     def status(self) -> dict[str, Any]: ...
 
@@ -65,6 +77,7 @@ class PolicyLoad(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 _encoder = msgspec.json.Encoder()
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`")
+_PID = re.compile(r"(?P<word>\bpid\s*[=:]?\s*)\d+", re.IGNORECASE)
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -77,15 +90,26 @@ def _problem(status: int, error: str, **extra: Any) -> Response:
     return _json({"error": error, **extra}, status)
 
 
-async def _decode(request: Request, type_: type[Any]) -> Any:
-    """The request body as `type_`, or raise a ready 400/422 response."""
-    body = await request.body()
+async def _decode(request: Request, type_: type[Any], max_bytes: int) -> Any:
+    """The request body as `type_`, or raise a ready 400/413/422 response."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _Reject(_problem(413, f"the body is over {max_bytes} bytes"))
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         raw = msgspec.json.decode(body) if body else None
     except msgspec.DecodeError as exc:
         raise _Reject(_problem(400, f"body is not valid JSON: {exc}")) from exc
+    except RecursionError as exc:  # msgspec's depth limit (10^5 nested brackets)
+        raise _Reject(_problem(400, "body is not valid JSON: nested too deeply")) from exc
     if not isinstance(raw, dict):
         raise _Reject(_problem(422, "body must be a JSON object", field=""))
+    if isinstance(raw.get("start_url"), str):
+        raw["start_url"] = _lower_scheme(raw["start_url"])
     try:
         return msgspec.convert(raw, type_)
     except msgspec.ValidationError as exc:
@@ -96,6 +120,21 @@ async def _decode(request: Request, type_: type[Any]) -> Any:
         if unknown:
             field = f"{field}.{unknown['name']}" if field else unknown["name"]
         raise _Reject(_problem(422, message, field=field)) from exc
+
+
+def _lower_scheme(url: str) -> str:
+    """ "HTTP://Host/x" -> "http://Host/x" (schemes are case-insensitive, RFC 3986)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}{sep}{rest}" if sep and scheme.isalpha() else url
+
+
+def _redact(message: str) -> str:
+    """An error for a client: without this process's working directory or PID."""
+    cwd = str(Path.cwd())
+    if cwd != "/":
+        message = message.replace(cwd + os.sep, "").replace(cwd, ".")
+    message = _PID.sub(r"\g<word><pid>", message)  # this process's or vLLM's ("pid=4242")
+    return re.sub(rf"(?<!\d){os.getpid()}(?!\d)", "<pid>", message)
 
 
 class _Reject(Exception):
@@ -141,8 +180,23 @@ def _rejects(handler: Handler) -> Handler:
     return wrapped
 
 
-def build_app(*, engine: Engine | None, runs: RunService | None, token: str = "") -> Starlette:
-    """The app; `engine` None serves the agent endpoint alone (training off)."""
+def build_app(
+    *,
+    engine: Engine | None,
+    runs: RunService | None,
+    token: str = "",
+    endpoint: EndpointConfig | None = None,
+    targets: RunTargets | None = None,
+) -> Starlette:
+    """The app; `engine` None serves the agent endpoint alone (training off).
+
+    `endpoint` gives the guard its bind address, allowed hosts and origins and the body
+    limit (default: `EndpointConfig()`, loopback); `targets` checks runs before they are
+    accepted (default: URLs that parse, nothing of this process excluded).
+    """
+    endpoint = endpoint or EndpointConfig()
+    targets = targets or RunTargets()
+    max_body = endpoint.max_body_bytes
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
@@ -164,22 +218,40 @@ def build_app(*, engine: Engine | None, runs: RunService | None, token: str = ""
             raise _Reject(_problem(409, "training is off in this process"))
         return engine
 
+    def _no_rollouts(target: Engine) -> Response | None:
+        if target.training:
+            return None
+        return _json(
+            {
+                "paused": False,
+                "training": False,
+                "effect": "none: training is off in this process, so there are no rollouts "
+                "to pause or resume; agent runs are not affected",
+            }
+        )
+
     async def pause(request: Request) -> Response:
-        await _need_engine().pause()
+        target = _need_engine()
+        if (answer := _no_rollouts(target)) is not None:
+            return answer
+        await target.pause()
         return _json({"paused": True})
 
     async def resume(request: Request) -> Response:
-        await _need_engine().resume()
+        target = _need_engine()
+        if (answer := _no_rollouts(target)) is not None:
+            return answer
+        await target.resume()
         return _json({"paused": False})
 
     async def load_policy(request: Request) -> Response:
         target = _need_engine()
-        body: PolicyLoad = await _decode(request, PolicyLoad)
+        body: PolicyLoad = await _decode(request, PolicyLoad, max_body)
         try:
             name = await target.load_policy(body.path)
         except Exception as exc:  # the adapter was refused: say why, keep serving
             log.warning("policy.load_refused", path=body.path, error=str(exc))
-            return _problem(422, str(exc), field="path")
+            return _problem(422, _redact(str(exc)), field="path")
         return _json({"adapter": name})
 
     def _need_runs() -> RunService:
@@ -189,9 +261,12 @@ def build_app(*, engine: Engine | None, runs: RunService | None, token: str = ""
 
     async def create_run(request: Request) -> Response:
         service = _need_runs()
-        body: RunRequest = await _decode(request, RunRequest)
+        body: RunRequest = await _decode(request, RunRequest, max_body)
         try:
+            targets.check(body)
             state = service.submit(body)
+        except RunRefused as exc:
+            return _problem(422, str(exc), field=exc.field)
         except EndpointFull as exc:
             return _json({"error": str(exc)}, 429, headers={"Retry-After": str(exc.retry_after_s)})
         except ValueError as exc:
@@ -208,6 +283,10 @@ def build_app(*, engine: Engine | None, runs: RunService | None, token: str = ""
 
     async def get_run(request: Request) -> Response:
         return _json(_run_state(request))
+
+    async def cancel_run(request: Request) -> Response:
+        state = _run_state(request)
+        return _json(await _need_runs().cancel(state.run_id))
 
     async def run_events(request: Request) -> Response:
         state = _run_state(request)
@@ -232,7 +311,9 @@ def build_app(*, engine: Engine | None, runs: RunService | None, token: str = ""
         Route("/control/resume", _rejects(resume), methods=["POST"]),
         Route("/policies/load", _rejects(load_policy), methods=["POST"]),
         Route("/v1/runs", _rejects(create_run), methods=["POST"]),
-        Route("/v1/runs/{run_id}", _rejects(get_run)),
+        Route("/v1/runs/{run_id}", _rejects(get_run), methods=["GET"]),
+        Route("/v1/runs/{run_id}", _rejects(cancel_run), methods=["DELETE"]),
+        Route("/v1/runs/{run_id}/cancel", _rejects(cancel_run), methods=["POST"]),
         Route("/v1/runs/{run_id}/events", _rejects(run_events)),
     ]
 
@@ -244,6 +325,9 @@ def build_app(*, engine: Engine | None, runs: RunService | None, token: str = ""
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_BearerAuth, token=token)],
+        middleware=[
+            Middleware(RequestGuard, endpoint=endpoint),
+            Middleware(_BearerAuth, token=token),
+        ],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )

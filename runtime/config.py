@@ -349,10 +349,30 @@ class EndpointConfig(_Section, frozen=True):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Port = 8765
-    # Bearer token guarding every route but /healthz; empty disables auth (loopback only).
+    # Bearer token guarding every route but /healthz; empty disables auth, which only a
+    # loopback host allows. A host other than loopback needs a token of at least 32
+    # characters, given here or (better: no secret in the file) through one of:
     token: str = ""
+    # a file whose first line is the token (e.g. a mounted secret),
+    token_file: str = ""
+    # or the name of an environment variable that holds it (read when the daemon starts).
+    token_env: str = ""
     max_runs: Positive = 8
     max_turns: Positive = 30
+    # Host header names accepted besides the bound address and, on loopback, "localhost",
+    # "127.0.0.1" and "::1" (DNS rebinding). A wildcard bind (0.0.0.0) with none accepts any.
+    allowed_hosts: list[str] = []
+    # Origins ("https://ui.example:8443") whose browser requests are accepted besides the
+    # API's own; a request with any other Origin header is refused (CSRF).
+    allowed_origins: list[str] = []
+    # Largest request body read (413 beyond), request head, and how long a client may take
+    # to send a request head or stay idle between requests.
+    max_body_bytes: Positive = 1024 * 1024
+    max_header_bytes: Positive = 16 * 1024
+    header_timeout_s: PositiveFloat = 10.0
+    keep_alive_s: Positive = 5
+    # Open connections at most; past it the oldest one still without a request is closed.
+    max_connections: Positive = 512
 
 
 class Config(_Section, frozen=True):

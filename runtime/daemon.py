@@ -79,9 +79,11 @@ class Daemon:
         api: bool = True,
         url_overrides: Mapping[str, str] | None = None,
         judge_key: str = "",
+        api_token: str | None = None,
     ) -> None:
         self.config = config
         self.judge_key = judge_key  # the API key of `sites.judge_url` (never logged)
+        self.api_token = api_token  # None: resolved from [endpoint] (runtime.guard)
         self.training = training and config.learner.enabled
         self.api = api and config.endpoint.enabled
         self.url_overrides = dict(url_overrides or {})
@@ -467,9 +469,19 @@ class Daemon:
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         from runtime.api import build_app
+        from runtime.guard import RunTargets, endpoint_token, http_limits, intent_budget
         from runtime.http import serve_asgi
 
         config = self.config
+        token = self.api_token
+        if token is None:
+            token = endpoint_token(config.endpoint, {})
+        targets = RunTargets(
+            own=[stack.server.url],
+            site_urls=env.urls.values(),
+            count_tokens=stack.renderer.count_tokens,
+            max_intent_tokens=intent_budget(config),
+        )
 
         async def execute(run_id: str, request: RunRequest, on_turn: Any) -> RunOutcome:
             return await self._agent_run(
@@ -487,10 +499,18 @@ class Daemon:
             validate=validate,
         ) as runs:
             self._runs = runs
-            app = build_app(engine=self, runs=runs, token=config.endpoint.token)
-            async with serve_asgi(app, host=config.endpoint.host, port=config.endpoint.port) as url:
+            app = build_app(
+                engine=self, runs=runs, token=token, endpoint=config.endpoint, targets=targets
+            )
+            async with serve_asgi(
+                app,
+                host=config.endpoint.host,
+                port=config.endpoint.port,
+                limits=http_limits(config.endpoint),
+            ) as url:
+                targets.add_own(url)
                 self.api_url = url
-                log.info("daemon.api", url=url, auth=bool(config.endpoint.token))
+                log.info("daemon.api", url=url, auth=bool(token))
                 task_status.started()
                 await anyio.sleep_forever()
 

@@ -401,7 +401,7 @@ class RunState(_Msg, frozen=True):
     """`GET /v1/runs/{id}`."""
 
     run_id: str
-    status: Literal["queued", "running", "finished", "failed"]
+    status: Literal["queued", "running", "finished", "failed", "cancelled"]
     intent: str
     turns: list[RunTurn] = []
     answer: str | None = None

@@ -5,6 +5,9 @@
 `EndpointFull`, which the API answers with 429 and Retry-After). How a run executes is
 the injected `RunExecutor` (the daemon's: one episode with its own BrowserContext and
 host allowlist); this module only keeps the books and lets readers follow each run.
+Each run executes in its own cancel scope, so `cancel(run_id)` ends that run alone (its
+state becomes "cancelled"; the executor's own cleanup, e.g. closing the browser context,
+runs as on any cancellation).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from runtime.messages import RunRequest, RunState, RunTurn
 __all__ = ["EndpointFull", "RunExecutor", "RunOutcome", "RunService", "UnknownRun"]
 
 log = structlog.get_logger("runtime.runs")
+
+_ENDED = ("finished", "failed", "cancelled")
 
 
 class EndpointFull(Exception):
@@ -68,6 +73,8 @@ class _Run:
             run_id=run_id, status="queued", intent=request.intent, created_at=time.time()
         )
         self.changed = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.ended = anyio.Event()  # set once the run has ended, however
 
     def update(self, **changes: Any) -> None:
         self.state = msgspec.structs.replace(self.state, **changes)
@@ -94,7 +101,13 @@ class RunService:
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._keep_finished = keep_finished
         self._durations: deque[float] = deque(maxlen=50)
-        self._counts = {"accepted": 0, "rejected_full": 0, "finished": 0, "failed": 0}
+        self._counts = {
+            "accepted": 0,
+            "rejected_full": 0,
+            "finished": 0,
+            "failed": 0,
+            "cancelled": 0,
+        }
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> RunService:
@@ -140,6 +153,18 @@ class RunService:
             raise UnknownRun(run_id)
         return run.state
 
+    async def cancel(self, run_id: str) -> RunState:
+        """Cancel the run (queued or running) and wait until it has ended; returns its final
+        state. A run that has ended already is left as it is."""
+        run = self._runs.get(run_id)
+        if run is None:
+            raise UnknownRun(run_id)
+        if run.state.status in _ENDED:
+            return run.state
+        run.scope.cancel()
+        await run.ended.wait()
+        return run.state
+
     async def follow(self, run_id: str) -> AsyncIterator[RunTurn | RunState]:
         """Every turn of the run as it happens (earlier ones first), then its final state."""
         run = self._runs.get(run_id)
@@ -152,7 +177,7 @@ class RunService:
             for turn in state.turns[sent:]:
                 yield turn
             sent = len(state.turns)
-            if state.status in ("finished", "failed"):
+            if state.status in _ENDED:
                 yield state
                 return
             await changed.wait()
@@ -183,7 +208,14 @@ class RunService:
                 def on_turn(turn: RunTurn) -> None:
                     run.update(turns=[*run.state.turns, turn])
 
-                outcome = await self._executor(run.run_id, run.request, on_turn)
+                outcome: RunOutcome | None = None
+                with run.scope:
+                    outcome = await self._executor(run.run_id, run.request, on_turn)
+                if outcome is None:  # cancel(): this run alone
+                    self._counts["cancelled"] += 1
+                    log.info("run.cancelled", turns=len(run.state.turns))
+                    run.update(status="cancelled", error="cancelled", finished_at=time.time())
+                    return
             except Exception as exc:
                 self._counts["failed"] += 1
                 log.warning("run.failed", error=repr(exc))
@@ -211,6 +243,7 @@ class RunService:
                     run.update(status="failed", error="interrupted", finished_at=time.time())
                 self._durations.append(time.monotonic() - started)
                 self._limiter.release_on_behalf_of(run)
+                run.ended.set()
 
     def _retry_after(self) -> int:
         if not self._durations:
@@ -218,8 +251,6 @@ class RunService:
         return max(1, math.ceil(stats.median(self._durations) / 2))
 
     def _forget_old(self) -> None:
-        finished = [
-            rid for rid, r in self._runs.items() if r.state.status in ("finished", "failed")
-        ]
+        finished = [rid for rid, r in self._runs.items() if r.state.status in _ENDED]
         for rid in finished[: max(0, len(finished) - self._keep_finished)]:
             del self._runs[rid]

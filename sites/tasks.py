@@ -329,6 +329,8 @@ def parse_tasks(
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise TaskFileError(source, "", "", f"not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # msgspec's depth limit: 10^5 nested brackets
+        raise TaskFileError(source, "", "", "JSON nested too deeply to be a task file") from exc
     items = raw if isinstance(raw, list) else [raw]
     tasks: list[TaskConfig] = []
     seen: dict[int, int] = {}

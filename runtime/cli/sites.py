@@ -19,7 +19,7 @@ import structlog
 from runtime.config import SitesConfig, load_config
 from runtime.errors import UsageError
 from runtime.messages import TaskConfig
-from sites.builtin import generate_suite, serve_builtin_sites
+from sites.builtin import ADMIN_HEADER, generate_suite, serve_builtin_sites
 from sites.builtin.errors import BuiltinSiteError
 from sites.builtin.suite import suite_stats
 from sites.errors import TaskFileError
@@ -41,6 +41,12 @@ def register(sub: Any) -> None:
     _common(serve)
     serve.add_argument("--host", help="listen address (default: sites.host)")
     serve.add_argument("--port", type=int, help="first port; the five sites use PORT..PORT+4")
+    serve.add_argument(
+        "--person-sessions",
+        action="store_true",
+        help="also serve /__webagent/, a page that gives a person in a browser a tenant "
+        "(anyone who can reach the ports can then make tenants)",
+    )
     serve.set_defaults(func=_serve)
 
 
@@ -91,16 +97,19 @@ def _fields(config: SitesConfig) -> dict[str, Any]:
 def _serve(args: argparse.Namespace) -> int:
     config = _sites_config(args)
     try:
-        anyio.run(_serve_until_signal, config)
+        anyio.run(_serve_until_signal, config, args.person_sessions)
     except BuiltinSiteError as exc:
         raise UsageError(str(exc)) from exc
     return 0
 
 
-async def _serve_until_signal(config: SitesConfig) -> None:
+async def _serve_until_signal(config: SitesConfig, person_sessions: bool) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with serve_builtin_sites(config) as sites:
+        async with serve_builtin_sites(config, person_sessions=person_sessions) as sites:
+            # Line 1: the URLs; line 2: what the tenant API needs (never logged).
             print(json.dumps(sites.urls), flush=True)
+            tenant_api = {"header": ADMIN_HEADER, "token": sites.admin_token}
+            print(json.dumps({"tenant_api": tenant_api}), flush=True)
             _log.info("sites.serving", urls=sites.urls, seed=config.seed)
             async for signum in signals:
                 _log.info("sites.stopping", signal=signal.Signals(signum).name)

@@ -53,16 +53,20 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _run(config: Config, *, training: bool, api: bool) -> int:
     from runtime.daemon import Daemon
+    from runtime.guard import endpoint_token
     from sites.webarena import urls_from_environ
 
     environ = os.environ  # read here, at the edge, and passed down
     key_name = config.sites.judge_api_key_env
+    serving = api and config.endpoint.enabled
     daemon = Daemon(
         config,
         training=training,
         api=api,
         url_overrides=urls_from_environ(environ),
         judge_key=environ.get(key_name, "") if key_name else "",
+        # ConfigError (exit 2) before anything starts: no token where one is needed.
+        api_token=endpoint_token(config.endpoint, environ) if serving else "",
     )
 
     async def main() -> None:

@@ -3,6 +3,7 @@
     TENANT_COOKIE          the one cookie the runtime sets per BrowserContext
     SITE_NAMES             WebArena env name -> task `sites` name ("SHOPPING" -> "shopping")
     BuiltinSites           data, tenants and apps: urls, create_tenant, drop_tenant, statistics
+    ADMIN_HEADER           the header the tenant API needs (value: BuiltinSites.admin_token)
     serve_builtin_sites    async context manager serving the five sites on 127.0.0.1
     generate_suite(seed)   {"train", "test", "ood"} lists of TaskConfig, deterministic
     plan_for(task)         the scripted solution (OracleSteps) of a task from the suite
@@ -11,11 +12,12 @@ Sites: shop (SHOPPING), admin (SHOPPING_ADMIN), forum (REDDIT), code (GITLAB), m
 one port each. Default accounts (`data.ACCOUNTS`) are WebArena's account names.
 """
 
-from sites.builtin.server import SITE_NAMES, BuiltinSites, serve_builtin_sites
+from sites.builtin.server import ADMIN_HEADER, SITE_NAMES, BuiltinSites, serve_builtin_sites
 from sites.builtin.suite import generate_suite, plan_for
 from sites.builtin.web import TENANT_COOKIE
 
 __all__ = [
+    "ADMIN_HEADER",
     "SITE_NAMES",
     "TENANT_COOKIE",
     "BuiltinSites",

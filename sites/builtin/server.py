@@ -6,17 +6,25 @@ port; otherwise `config.port + i` in SITE_NAMES order), runs the uvicorn servers
 group it owns and yields once every server is listening; leaving it stops them.
 
 Besides its pages, every site port answers the tenant API (no tenant cookie needed), for
-when the sites run in another process (`webagent sites serve`):
+when the sites run in another process (`webagent sites serve`). Creating and dropping
+tenants needs the header `ADMIN_HEADER: <BuiltinSites.admin_token>`, a random secret made
+when the sites start (403 without it): a page the agent visits, or anyone else who can
+reach the port, cannot evict the tenants of episodes in flight. The runtime in the same
+process calls `create_tenant` directly; `webagent sites serve` prints the secret.
 
     POST   /__webagent/tenants        {"logged_in": ["shopping", ...]} -> 201 {"tenant": "..."}
     DELETE /__webagent/tenants/{id}   -> 204, or 404 when unknown
     GET    /__webagent/health         -> {"site": "SHOPPING", "tenants": 3}
-    GET    /__webagent/               a page with a button that starts a browser session
+    GET    /__webagent/               a page with a button that starts a browser session;
+                                      only with `person_sessions=True`
+                                      (`webagent sites serve --person-sessions`)
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
+import secrets
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
@@ -30,6 +38,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from runtime.config import SitesConfig
+from runtime.http import listen_socket
 from sites.builtin.admin import build_admin
 from sites.builtin.code import build_code
 from sites.builtin.data import ACCOUNTS, World, build_world
@@ -40,7 +49,10 @@ from sites.builtin.shop import build_shop
 from sites.builtin.store import Tenant, TenantStore
 from sites.builtin.web import TENANT_COOKIE, Counters, Site
 
-__all__ = ["SITE_NAMES", "BuiltinSites", "serve_builtin_sites"]
+__all__ = ["ADMIN_HEADER", "SITE_NAMES", "BuiltinSites", "serve_builtin_sites"]
+
+# The header that carries `BuiltinSites.admin_token` to the tenant API.
+ADMIN_HEADER = "X-Webagent-Admin"
 
 # WebArena environment name -> the task `sites` name.
 SITE_NAMES: dict[str, str] = {
@@ -71,8 +83,13 @@ class BuiltinSites:
     {"SHOPPING": "http://127.0.0.1:PORT", ...}, five entries under WebArena's names.
     """
 
-    def __init__(self, config: SitesConfig) -> None:
+    def __init__(
+        self, config: SitesConfig, *, admin_token: str = "", person_sessions: bool = False
+    ) -> None:
         self.config = config
+        # The tenant API's secret (a fresh random one unless given).
+        self.admin_token = admin_token or secrets.token_urlsafe(32)
+        self.person_sessions = person_sessions
         self.world = build_world(config.seed)
         self.tenants = TenantStore(config.max_tenants)
         self.counters = Counters()
@@ -117,8 +134,23 @@ class BuiltinSites:
 
     # ------------------------------------------------------------------ tenant API
 
+    def _admin(self, request: Request) -> Response | None:
+        """None when the request carries the admin token; else the 403 to answer."""
+        given = request.headers.get(ADMIN_HEADER, "").encode()
+        if hmac.compare_digest(given, self.admin_token.encode()):
+            return None
+        return JSONResponse(
+            {
+                "error": f"the tenant API needs the {ADMIN_HEADER} header with the token "
+                "that `webagent sites serve` printed"
+            },
+            status_code=403,
+        )
+
     def _tenant_routes(self, env: str) -> list[Route]:
         async def create(request: Request) -> Response:
+            if (refused := self._admin(request)) is not None:
+                return refused
             body = await request.body()
             try:
                 spec = msgspec.json.decode(body or b"{}", type=_NewTenant)
@@ -128,6 +160,8 @@ class BuiltinSites:
             return JSONResponse({"tenant": tenant}, status_code=201)
 
         async def drop(request: Request) -> Response:
+            if (refused := self._admin(request)) is not None:
+                return refused
             tenant_id = request.path_params["tenant"]
             if not self.tenants.drop(tenant_id):
                 return JSONResponse({"error": f"no tenant {tenant_id!r}"}, status_code=404)
@@ -150,13 +184,17 @@ class BuiltinSites:
             response.set_cookie(TENANT_COOKIE, tenant, path="/", httponly=True)
             return response
 
-        return [
+        routes = [
             Route("/__webagent/tenants", create, methods=["POST"]),
             Route("/__webagent/tenants/{tenant}", drop, methods=["DELETE"]),
             Route("/__webagent/health", health, methods=["GET"]),
-            Route("/__webagent/", start_page, methods=["GET"]),
-            Route("/__webagent/session", start_session, methods=["POST"]),
         ]
+        if self.person_sessions:  # anyone who reaches the port may make tenants then
+            routes += [
+                Route("/__webagent/", start_page, methods=["GET"]),
+                Route("/__webagent/session", start_session, methods=["POST"]),
+            ]
+        return routes
 
 
 def _log_in(tenant: Tenant, names: Iterable[str]) -> None:
@@ -184,23 +222,21 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted sockets only when the
-    # listening socket says TCP (proto 0 costs ~40 ms per keep-alive request, Nagle).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        return listen_socket(host, port)  # TCP_NODELAY on accepted sockets
     except OSError as exc:
-        sock.close()
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock
 
 
 @contextlib.asynccontextmanager
-async def serve_builtin_sites(config: SitesConfig) -> AsyncIterator[BuiltinSites]:
-    """Serve the five sites in-process; yields once every server listens, stops on exit."""
-    sites = BuiltinSites(config)
+async def serve_builtin_sites(
+    config: SitesConfig, *, person_sessions: bool = False
+) -> AsyncIterator[BuiltinSites]:
+    """Serve the five sites in-process; yields once every server listens, stops on exit.
+
+    `person_sessions` adds the start page that gives a person in a browser a tenant.
+    """
+    sites = BuiltinSites(config, person_sessions=person_sessions)
     socks: list[socket.socket] = []
     servers: list[_EmbeddedServer] = []
     try:

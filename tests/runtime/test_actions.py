@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,9 +14,11 @@ from policy.prompt import SYSTEM_PROMPT
 from runtime.actions import (
     ACTION_NAMES,
     MAX_ANSWER_CHARS,
+    MAX_COMPLETION_CHARS,
     format_action,
     parse_action,
     parse_completion,
+    thought_of,
 )
 from runtime.errors import ParseError
 from runtime.messages import Action
@@ -224,3 +228,73 @@ def test_format_then_parse_is_the_identity(action: Action) -> None:
     if len(text) <= MAX_ANSWER_CHARS:
         assert parse_action(text) == action
         assert parse_completion(f"<think>x</think><answer>{text}</answer>").action == action
+
+
+# Escapes a model can write inside a string literal, lone surrogates among them, and the
+# raw characters themselves.
+_ESCAPES = st.sampled_from(
+    ["\\ud800", "\\udfff", "\\ud83d", "\\ude00", "\\U0001f600", "\\x00", "\\N{BULLET}", "\ud800"]
+)
+_STRING_BODY = st.lists(_ESCAPES | st.text(max_size=4), max_size=6).map("".join)
+_CALLS = st.one_of(
+    _STRING_BODY.map(lambda b: f'exit(message="{b}")'),
+    _STRING_BODY.map(lambda b: f'do(action="Type", argument="{b}", element="3")'),
+    _STRING_BODY.map(lambda b: f'do(action="Goto", argument="{b}")'),
+    _STRING_BODY.map(lambda b: f'do(action="Select Dropdown Option", argument="{b}", element=1)'),
+    _ADVERSARIAL,
+)
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Action)
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(thought=_STRING_BODY, call=_CALLS)
+def test_every_parsed_action_round_trips_through_msgspec_json(thought: str, call: str) -> None:
+    result = _parse_or_error(f"<think>{thought}</think><answer>{call}</answer>")
+    if isinstance(result, Action):
+        assert _DECODER.decode(_ENCODER.encode(result)) == result
+    # The thought is stored with the turn whether the action parsed or not.
+    _ENCODER.encode(thought_of(f"<think>{thought}</think>"))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        'exit(message="\\ud800")',
+        'exit("a\\udfffb")',
+        'do(action="Type", argument="\\ud83d", element="2")',
+        'do(action="\\ud800Click", element="2")',
+    ],
+)
+def test_a_lone_surrogate_escape_is_a_parse_error(answer: str) -> None:
+    with pytest.raises(ParseError, match="lone surrogate"):
+        parse_action(answer)
+
+
+def test_a_surrogate_pair_escape_is_text() -> None:
+    action = parse_action('exit(message="\\ud83d\\ude00 ok")')
+    assert action.message == "\U0001f600 ok"
+
+
+def test_a_thought_with_a_lone_surrogate_is_stored_with_a_replacement() -> None:
+    completion = parse_completion("<think>a\ud800b</think><answer>go_forward()</answer>")
+    assert completion.thought == "a\ufffdb"
+    _ENCODER.encode(completion.thought)
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["<answer>", "<think>", "<think><answer>", "<answer>x</answer>", "<answer>" + "x" * 9],
+)
+def test_hostile_completions_parse_in_linear_time(unit: str) -> None:
+    """The old lazy tag regexes took 9 s at 128 KB and over 120 s at 512 KB."""
+    just_under = unit * ((MAX_COMPLETION_CHARS - 1) // len(unit))
+    one_mb = unit * (1_000_000 // len(unit))
+    for text in (just_under, one_mb):
+        started = time.perf_counter()
+        result = _parse_or_error(text)
+        thought_of(text)
+        elapsed = time.perf_counter() - started
+        assert elapsed < 0.5, (unit, len(text), elapsed)
+        assert isinstance(result, ParseError)
+    assert "the limit is" in str(_parse_or_error(one_mb))

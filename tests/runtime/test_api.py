@@ -7,7 +7,9 @@ drive the same app with real episodes.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +19,9 @@ import structlog
 from structlog.testing import capture_logs
 
 from runtime.api import build_app
-from runtime.http import serve_asgi
+from runtime.config import EndpointConfig
+from runtime.guard import RunTargets
+from runtime.http import free_port, serve_asgi
 from runtime.messages import RunRequest, RunTurn
 from runtime.runs import RunOutcome, RunService
 
@@ -47,7 +51,8 @@ class Script:
 
 
 class Engine:
-    def __init__(self) -> None:
+    def __init__(self, *, training: bool = True) -> None:
+        self.training = training
         self.paused = False
         self.loaded: list[str] = []
 
@@ -161,7 +166,8 @@ async def test_validation_is_422_naming_field(served: Any, body: Any, field: str
 
 async def test_not_json_is_400(served: Any) -> None:
     client, _, _ = served
-    response = await client.post("/v1/runs", content=b"{nope", headers=AUTH)
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = await client.post("/v1/runs", content=b"{nope", headers=headers)
     assert response.status_code == 400
 
 
@@ -231,3 +237,180 @@ async def test_shutdown_marks_in_flight_runs_interrupted() -> None:
         await script.started.wait()
     assert runs.get(state.run_id).status == "failed"
     assert runs.get(state.run_id).error == "interrupted"
+
+
+# ---------------------------------------------------------------- the guard (issue 18)
+
+
+@pytest.fixture
+async def open_api() -> AsyncIterator[tuple[httpx.AsyncClient, str, Script, Engine]]:
+    """The token-less default: loopback only, guarded by Host, Origin and Content-Type."""
+    script, engine = Script(), Engine()
+    async with RunService(script, max_runs=1, max_turns=20) as runs:
+        app = build_app(engine=engine, runs=runs, endpoint=EndpointConfig(max_body_bytes=4096))
+        async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            yield client, url, script, engine
+
+
+async def test_a_foreign_host_header_is_refused(open_api: Any) -> None:
+    """DNS rebinding: a page on rebind.evil.example that resolves to 127.0.0.1."""
+    client, url, _, _ = open_api
+    port = url.rsplit(":", 1)[1]
+    for path in ("/status", "/healthz"):
+        refused = await client.get(path, headers={"Host": f"rebind.evil.example:{port}"})
+        assert refused.status_code == 421, path
+        assert "rebind.evil.example" in refused.json()["error"]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+        assert (await client.get("/status", headers={"Host": host})).status_code == 200, host
+
+
+async def test_a_cross_origin_text_plain_post_is_refused(open_api: Any) -> None:
+    """CSRF: a form or fetch on evil.example posting to the token-less API."""
+    client, url, _, engine = open_api
+    csrf = await client.post(
+        "/control/pause",
+        content=b"{}",
+        headers={"Content-Type": "text/plain", "Origin": "http://evil.example"},
+    )
+    assert csrf.status_code == 403 and "evil.example" in csrf.json()["error"]
+    assert not engine.paused
+    same = await client.post("/control/pause", headers={"Origin": url})
+    assert same.status_code == 200 and engine.paused
+
+
+async def test_only_json_bodies_are_parsed(open_api: Any) -> None:
+    client, _, _, engine = open_api
+    body = json.dumps({"intent": "x", "start_url": "http://127.0.0.1:9/"}).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": content_type} if content_type else {}
+        response = await client.post("/v1/runs", content=body, headers=headers)
+        assert response.status_code == 415, content_type
+    typed = {"Content-Type": "application/json; charset=utf-8"}
+    assert (await client.post("/v1/runs", content=body, headers=typed)).status_code == 202
+    plain = await client.post(
+        "/control/pause", content=b"x", headers={"Content-Type": "text/plain"}
+    )
+    assert plain.status_code == 415 and not engine.paused
+
+
+async def test_deep_or_oversized_json_is_a_client_error(open_api: Any) -> None:
+    client, _, _, _ = open_api
+    json_type = {"Content-Type": "application/json"}
+    deep = b"[" * 100_000 + b"]" * 100_000
+    big = await client.post("/v1/runs", content=deep, headers=json_type)
+    assert big.status_code == 413  # over this fixture's max_body_bytes = 4096
+    nested = b"[" * 2000 + b"]" * 2000
+    response = await client.post("/policies/load", content=nested, headers=json_type)
+    assert response.status_code in (400, 422)
+    script, engine = Script(), Engine()
+    async with RunService(script, max_runs=1, max_turns=20) as runs:
+        app = build_app(engine=engine, runs=runs)
+        async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as other:
+            response = await other.post("/v1/runs", content=deep, headers=json_type)
+            assert response.status_code == 400
+            assert "nested too deeply" in response.json()["error"]
+
+
+async def test_a_run_can_be_cancelled(open_api: Any) -> None:
+    client, _, script, _ = open_api
+    body = {"intent": "x", "start_url": "http://127.0.0.1:9/"}
+    run_id = (await client.post("/v1/runs", json=body)).json()["run_id"]
+    await script.started.wait()
+    with anyio.fail_after(5):
+        cancelled = await client.delete(f"/v1/runs/{run_id}")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    with anyio.fail_after(5):
+        assert (await _final_state(client, run_id))["status"] == "cancelled"
+    # The slot is free again (max_runs = 1), and the other spelling cancels too.
+    script.started = anyio.Event()
+    second = (await client.post("/v1/runs", json=body)).json()["run_id"]
+    await script.started.wait()
+    assert (await client.post(f"/v1/runs/{second}/cancel")).json()["status"] == "cancelled"
+    assert (await client.delete("/v1/runs/nope")).status_code == 404
+    metrics = (await client.get("/metrics")).text
+    assert 'webagent_runs_total{outcome="cancelled"} 2' in metrics
+
+
+async def test_pause_in_serving_mode_says_it_does_nothing() -> None:
+    engine = Engine(training=False)
+    async with RunService(Script(), max_runs=1, max_turns=20) as runs:
+        app = build_app(engine=engine, runs=runs)
+        async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url) as client:
+            for route in ("/control/pause", "/control/resume"):
+                answer = (await client.post(route)).json()
+                assert answer["paused"] is False and answer["training"] is False, route
+                assert "training is off" in answer["effect"]
+    assert not engine.paused
+
+
+async def test_policy_load_errors_show_no_working_directory_or_pid(open_api: Any) -> None:
+    client, _, _, engine = open_api
+
+    async def refuse(path: str) -> str:
+        raise ValueError(
+            f"{Path.cwd() / path}: no manifest.json (server pid {os.getpid()}); "
+            f"(EngineCore_0 pid=4242) in {os.getpid()}"
+        )
+
+    engine.load_policy = refuse
+    response = await client.post("/policies/load", json={"path": "adapters/v9"})
+    error = response.json()["error"]
+    assert response.status_code == 422
+    assert (
+        error
+        == "adapters/v9: no manifest.json (server pid <pid>); (EngineCore_0 pid=<pid>) in <pid>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"start_url": "http://127.0.0.1:{api}/status"}, "start_url", "own API"),
+        ({"start_url": "http://localhost:{policy}/v1/models"}, "start_url", "policy server"),
+        ({"start_url": "http://0.0.0.0:8080/"}, "start_url", "unspecified"),
+        ({"start_url": "http://[::]:8080/"}, "start_url", "unspecified"),
+        ({"start_url": "http://[::1/"}, "start_url", "not a URL"),
+        ({"start_url": "http://127.0.0.1:99999/"}, "start_url", "not a URL"),
+        ({"start_url": "http://localhost:{site}/"}, "start_url", "127.0.0.1:"),
+        ({"sites": ["127.0.0.1"]}, "sites[0]", "names no port"),
+        ({"sites": ["127.0.0.1:99999"]}, "sites[0]", "bad port"),
+        ({"sites": ["http://127.1:{api}"]}, "sites[0]", "own API"),
+        ({"intent": "word " * 50}, "intent", "tokens"),
+        ({"evaluation": {"eval_types": ["vibes"]}}, "evaluation.eval_types[0]", "vibes"),
+    ],
+)
+async def test_runs_that_can_never_run_are_422_up_front(
+    change: dict[str, Any], field: str, words: str
+) -> None:
+    script = Script()
+    policy, site = free_port(), free_port()
+    async with RunService(script, max_runs=1, max_turns=20) as runs:
+        targets = RunTargets(
+            own=[f"http://127.0.0.1:{policy}"],
+            site_urls=[f"http://127.0.0.1:{site}"],
+            count_tokens=lambda text: len(text.split()),
+            max_intent_tokens=20,
+        )
+        app = build_app(engine=Engine(), runs=runs, targets=targets)
+        async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url) as client:
+            targets.add_own(url)
+            ports = {"api": url.rsplit(":", 1)[1], "policy": str(policy), "site": str(site)}
+            body: dict[str, Any] = {"intent": "x", "start_url": f"http://127.0.0.1:{site}/"}
+            for key, value in change.items():
+                body[key] = _fill(value, ports)
+            response = await client.post("/v1/runs", json=body)
+            assert response.status_code == 422, response.text
+            assert response.json()["field"] == field
+            assert words in response.json()["error"]
+            assert not script.started.is_set()
+            ok = {"intent": "x", "start_url": f"HTTP://127.0.0.1:{site}/", "sites": ["h:81"]}
+            assert (await client.post("/v1/runs", json=ok)).status_code == 202
+
+
+def _fill(value: Any, ports: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return value.format(**ports) if "{" in value else value
+    if isinstance(value, list):
+        return [_fill(v, ports) for v in value]
+    return value

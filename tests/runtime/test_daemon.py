@@ -273,7 +273,8 @@ def test_serve_endpoint_control_api_readme_and_sigterm_drain(sku_model: Path) ->
             )
             assert curl.returncode == 0, curl.stderr[-2000:]
             assert "event: turn" in curl.stdout and "event: end" in curl.stdout
-            assert '"paused":true' in curl.stdout.replace(" ", "")
+            # Serving mode: pause has no rollouts to act on and says so (issue 18).
+            assert '"paused":false,"training":false' in curl.stdout.replace(" ", "")
             assert "webagent_runs_total" in curl.stdout
 
             # A run sees the site as a rollout does (its own tenant): the page it ends on

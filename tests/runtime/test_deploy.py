@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
+from runtime.config import load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CONFIGS = sorted(DEPLOY.glob("*.toml"))
@@ -20,3 +21,18 @@ def test_deploy_has_configs() -> None:
 def test_config_check_passes(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out.strip() == f"ok: {path}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_no_shipped_config_holds_a_token(path: Path) -> None:
+    """A placeholder like `token = "change-me"` ends up deployed; tokens come from
+    `token_env` or `token_file`."""
+    endpoint = load_config(path).endpoint
+    assert endpoint.token == "", path
+
+
+def test_the_gpu_host_reads_its_token_from_the_environment() -> None:
+    endpoint = load_config(DEPLOY / "gpu-host.toml").endpoint
+    assert endpoint.host == "0.0.0.0" and endpoint.token_env == "WEBAGENT_TOKEN"
+    compose = (DEPLOY / "compose.gpu.yaml").read_text()
+    assert "WEBAGENT_TOKEN: ${WEBAGENT_TOKEN:?" in compose

@@ -85,3 +85,15 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     assert (
         run.stderr.strip() == f"webagent: error: {missing}: cannot read (No such file or directory)"
     )
+
+
+@pytest.mark.parametrize("opening", ["[", '{"a":'])
+def test_check_deeply_nested_json_exits_2_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], opening: str
+) -> None:
+    closing = "]" if opening == "[" else "}"
+    deep = tmp_path / "deep.json"
+    deep.write_text(opening * 100_000 + closing * 100_000)
+    assert main(["tasks", "check", str(deep)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"webagent: error: {deep}: JSON nested too deeply to be a task file\n"

@@ -17,6 +17,7 @@ from playwright.async_api import BrowserContext, Page
 
 from runtime.cli import main
 from runtime.messages import decode_tasks
+from sites.builtin import ADMIN_HEADER as ADMIN
 from sites.builtin import TENANT_COOKIE
 from sites.builtin.admin import filter_orders
 from sites.builtin.data import ACCOUNTS, build_world
@@ -26,7 +27,8 @@ from sites.builtin.store import Tenant
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[dict[str, str]]:
-    """`webagent sites serve --seed 0` in a subprocess; its URLs from the first stdout line."""
+    """`webagent sites serve --seed 0` in a subprocess; its URLs from the first stdout line,
+    the tenant API's header and token from the second."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -48,7 +50,9 @@ def served() -> Iterator[dict[str, str]]:
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
             assert sel.select(timeout=60), "no URLs printed within 60 s"
-        urls: dict[str, str] = json.loads(proc.stdout.readline())
+        urls = _Served(json.loads(proc.stdout.readline()))
+        tenant_api = json.loads(proc.stdout.readline())["tenant_api"]
+        urls.admin = {tenant_api["header"]: tenant_api["token"]}
         yield urls
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -57,8 +61,19 @@ def served() -> Iterator[dict[str, str]]:
     assert '"sites.stopped"' in stderr
 
 
+class _Served(dict[str, str]):
+    """The URLs by site name, and the headers the tenant API needs."""
+
+    admin: dict[str, str]
+
+
 async def _page(context: BrowserContext, urls: dict[str, str], env: str) -> Page:
-    async with httpx.AsyncClient() as client:
+    assert isinstance(urls, _Served)
+    async with httpx.AsyncClient(headers=urls.admin) as client:
+        anonymous = await client.post(
+            f"{urls[env]}/__webagent/tenants", json={"logged_in": []}, headers={ADMIN: ""}
+        )
+        assert anonymous.status_code == 403  # without the printed token: refused
         made = await client.post(f"{urls[env]}/__webagent/tenants", json={"logged_in": []})
     tenant = made.json()["tenant"]
     await context.add_cookies([{"name": TENANT_COOKIE, "value": tenant, "url": urls[env]}])

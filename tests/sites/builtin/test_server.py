@@ -12,7 +12,14 @@ from playwright.async_api import Browser
 
 from runtime.config import SitesConfig
 from runtime.messages import TaskConfig
-from sites.builtin import SITE_NAMES, TENANT_COOKIE, BuiltinSites, plan_for, serve_builtin_sites
+from sites.builtin import (
+    ADMIN_HEADER,
+    SITE_NAMES,
+    TENANT_COOKIE,
+    BuiltinSites,
+    plan_for,
+    serve_builtin_sites,
+)
 from sites.builtin.errors import ServeError, TenantError
 from sites.builtin.suite import templates
 from sites.tasks import substitute_task
@@ -38,6 +45,7 @@ async def test_urls_name_five_listening_ports(builtin_sites: BuiltinSites) -> No
 async def test_tenant_api_over_http(builtin_sites: BuiltinSites) -> None:
     shop = builtin_sites.urls["SHOPPING"]
     async with _client() as client:
+        client.headers[ADMIN_HEADER] = builtin_sites.admin_token
         made = await client.post(f"{shop}/__webagent/tenants", json={"logged_in": ["shopping"]})
         assert made.status_code == 201
         tenant = made.json()["tenant"]
@@ -51,6 +59,7 @@ async def test_tenant_api_over_http(builtin_sites: BuiltinSites) -> None:
         # The same cookie works on every site (cookies are per host, not per port).
         forum = await client.get(f"{builtin_sites.urls['REDDIT']}/forums")
         assert forum.status_code == 200 and "Sign In" in forum.text  # not logged in there
+        client.headers[ADMIN_HEADER] = builtin_sites.admin_token
         admin = await client.delete(f"{builtin_sites.urls['MAP']}/__webagent/tenants/{tenant}")
         assert admin.status_code == 204
         gone = await client.get(f"{shop}/account")
@@ -190,3 +199,35 @@ async def test_busy_port_is_a_clear_error_and_servers_stop_on_exit() -> None:
     async with _client() as client:
         with pytest.raises(httpx.ConnectError):
             await client.get(f"{url}/__webagent/health")
+
+
+async def test_the_tenant_api_answers_only_the_owner_of_the_sites() -> None:
+    """4,200 anonymous POSTs once evicted an in-flight episode's tenant (LRU)."""
+    async with serve_builtin_sites(SitesConfig(max_tenants=8)) as sites:
+        shop = sites.urls["SHOPPING"]
+        tenant = sites.create_tenant(logged_in=["shopping"])  # the runtime's in-process way
+        created = sites.tenants.created
+        async with _client() as client:
+            for header in ({}, {ADMIN_HEADER: ""}, {ADMIN_HEADER: sites.admin_token + "x"}):
+                for _ in range(20):
+                    made = await client.post(f"{shop}/__webagent/tenants", json={}, headers=header)
+                    assert made.status_code == 403
+                    assert ADMIN_HEADER in made.json()["error"]
+            dropped = await client.delete(f"{shop}/__webagent/tenants/{tenant}")
+            assert dropped.status_code == 403
+            # No person's session page either unless asked for.
+            assert (await client.post(f"{shop}/__webagent/session")).status_code in (404, 405)
+        assert sites.tenants.created == created
+        async with _client(tenant) as client:
+            assert (await client.get(f"{shop}/account")).status_code == 200
+    other = BuiltinSites(SitesConfig())
+    assert other.admin_token != sites.admin_token and len(sites.admin_token) >= 32
+
+
+async def test_person_sessions_are_served_when_asked_for() -> None:
+    async with serve_builtin_sites(SitesConfig(), person_sessions=True) as sites:
+        shop = sites.urls["SHOPPING"]
+        async with httpx.AsyncClient(timeout=10) as client:
+            assert (await client.get(f"{shop}/__webagent/")).status_code == 200
+            started = await client.post(f"{shop}/__webagent/session")
+            assert started.status_code == 303 and TENANT_COOKIE in started.headers["set-cookie"]
