@@ -60,7 +60,7 @@ async def prepare_model(
     if not paths.demos.is_file():
         from runtime.runner import write_demos
 
-        tasks = environment.tasks("train")
+        tasks = environment.tasks("train")[: config.bc.demo_tasks or None]
         log.info("bootstrap.demos", tasks=len(tasks), out=str(paths.demos))
         paths.demos.parent.mkdir(parents=True, exist_ok=True)
         report = await write_demos(

@@ -287,15 +287,21 @@ class LearnerConfig(_Section, frozen=True):
 class BCConfig(_Section, frozen=True):
     """Behaviour-cloning warm-up on the oracle's demonstrations."""
 
-    learning_rate: PositiveFloat = 1e-3
-    batch_size: Positive = 16
-    warmup_steps: NonNegative = 50
+    # Defaults for the embedded default's SmolLM2-135M with LoRA (lr as in the look-up
+    # probe of shared/MACHINE_NOTES.md; a step of 8 turns is ~4,400 tokens).
+    learning_rate: PositiveFloat = 5e-4
+    batch_size: Positive = 8
+    warmup_steps: NonNegative = 5
     max_steps: NonNegative = 0
-    # The tiny recipe measured over 30 minutes (bench/recipe.py); still rising at the end.
-    max_minutes: NonNegativeFloat = 30.0
+    # Wall minutes of BC (the bootstrap's largest stage; make run's first update comes
+    # after it).
+    max_minutes: NonNegativeFloat = 15.0
+    # Train tasks the bootstrap records demonstrations of (the first N of the shuffled
+    # split; 0: all 1427): 15 minutes of BC see fewer turns than 500 tasks give (~2,100).
+    demo_tasks: NonNegative = 500
     # Stop early once held-out episode success reaches this (0 disables).
     target_success: Fraction = 0.0
-    eval_every_steps: Positive = 200
+    eval_every_steps: Positive = 25
     # Weight of a language-model loss on the prompt tokens (system prompt, task, pages,
     # earlier actions): their mean negative log-likelihood over the minibatch, added to
     # the completion loss. "auto": 1.0 for a tiny model made here (`tiny_model.json`), 0
@@ -311,8 +317,8 @@ class BCConfig(_Section, frozen=True):
     # Share of the demonstrations' tasks held out for accuracy when no held-out file is given.
     heldout_fraction: Fraction = 0.1
     # Held-out (and train) turns scored at each evaluation (a fixed, seeded subset).
-    eval_examples: Positive = 256
-    micro_batch_tokens: Positive = 8192
+    eval_examples: Positive = 48
+    micro_batch_tokens: Positive = 4096
     weight_decay: NonNegativeFloat = 0.0
     grad_clip: PositiveFloat = 1.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
