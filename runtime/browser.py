@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +22,9 @@ from playwright.async_api import Error as PlaywrightError
 
 from runtime.config import BrowserConfig
 from runtime.errors import BrowserError, playwright_errors
+from runtime.fence import Allowlist, Fence
 from runtime.messages import Event, Fault
-from runtime.session import Allowlist, BrowserSession
+from runtime.session import BrowserSession
 
 __all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
 
@@ -87,10 +88,16 @@ class BrowserPool:
     """
 
     def __init__(
-        self, config: BrowserConfig, *, on_event: Callable[[Event], None] | None = None
+        self,
+        config: BrowserConfig,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        denied: Iterable[tuple[str, int]] = (),
     ) -> None:
         self.config = config
         self.on_event = on_event
+        # (host, port) pairs no session may reach (the daemon's API, the policy server).
+        self.denied: tuple[tuple[str, int], ...] = tuple(denied)
         self._limiter = anyio.CapacityLimiter(config.max_contexts)
         self._launch_lock = anyio.Lock()
         self._playwright: Playwright | None = None
@@ -179,16 +186,28 @@ class BrowserPool:
 
     @asynccontextmanager
     async def session(
-        self, *, allowed: Sequence[str], cookies: Sequence[dict[str, Any]] = ()
+        self,
+        *,
+        allowed: Sequence[str],
+        cookies: Sequence[dict[str, Any]] = (),
+        denied: Iterable[tuple[str, int]] = (),
     ) -> AsyncIterator[BrowserSession]:
-        """A fresh context limited to the hosts of the URLs in `allowed`.
+        """A fresh context limited to the origins of the URLs in `allowed`.
 
-        `cookies` are Playwright cookie dicts (a site tenant's cookie, for instance).
-        Waits for a free slot when `max_contexts` contexts are open.
+        Every entry of `allowed` names its port (a URL, or `host:port`): anything else is
+        an `AllowlistError`. `denied` (host, port) pairs are never reachable, even when
+        `allowed` names them (the daemon's own API, the policy server); the pool's own
+        `denied` always apply. The context reaches the network only through its own
+        `Fence` (a proxy that checks every request). `cookies` are Playwright cookie dicts
+        (a site tenant's cookie, for instance). Waits for a free slot when `max_contexts`
+        contexts are open.
         """
-        allowlist = Allowlist.from_urls(allowed)
-        async with self._limiter:
-            context = await self._new_context()
+        allowlist = Allowlist.from_urls(allowed, denied=[*self.denied, *denied])
+        async with (
+            self._limiter,
+            Fence(allowlist, connect_timeout_s=self.config.navigation_timeout_s) as fence,
+        ):
+            context = await self._new_context(fence.url)
             session = BrowserSession(context, self.config, allowlist)
             try:
                 await session.start()
@@ -199,7 +218,7 @@ class BrowserPool:
             finally:
                 await session.close()
 
-    async def _new_context(self) -> BrowserContext:
+    async def _new_context(self, proxy: str) -> BrowserContext:
         # A browser that died between the check and the call is relaunched once.
         for attempt in range(2):
             browser = await self._ensure_browser()
@@ -212,6 +231,7 @@ class BrowserPool:
                         },
                         accept_downloads=False,
                         service_workers="block",
+                        proxy={"server": proxy},
                     )
             except BrowserError:
                 if attempt == 1 or browser.is_connected():

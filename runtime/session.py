@@ -2,8 +2,10 @@
 
 `BrowserSession` is made by `BrowserPool.session()`. It
 
-- enforces the allowlist by request routing: requests to other hosts are aborted; a
-  blocked navigation is reported to the model in the next observation; `Goto` refuses
+- checks the allowlist by request routing, to tell the model: requests to other hosts
+  are aborted and a blocked navigation is reported in the next observation (the fence
+  itself is `runtime.fence`: the context's proxy, which sees every request and every
+  redirect hop, WebSockets included); `Goto` refuses
   other hosts and every scheme but http(s) before navigating (Chromium itself refuses
   page-initiated top-level navigations to `data:`, `file:` and `chrome:` URLs, and any tab
   found on such a URL after an action is closed or sent back);
@@ -21,8 +23,7 @@ Every Playwright call runs under `playwright_errors`, so only the runtime's erro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urljoin, urlsplit
 
 import anyio
@@ -39,6 +40,7 @@ from runtime.errors import (
     NavigationBlocked,
     playwright_errors,
 )
+from runtime.fence import Allowlist
 from runtime.messages import Action
 from runtime.observation import (
     ID_ATTRIBUTE,
@@ -80,44 +82,6 @@ _SCROLL: Final = (
 
 # How long an aborted navigation may take to show up as a (refused) download.
 _DOWNLOAD_GRACE_S: Final = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Allowlist:
-    """Hosts a session may reach: (host, port) pairs; port None allows every port."""
-
-    origins: frozenset[tuple[str, int | None]]
-
-    @classmethod
-    def from_urls(cls, urls: Sequence[str]) -> Allowlist:
-        """The origins of `urls` ("http://127.0.0.1:8001/x" -> 127.0.0.1:8001)."""
-        origins: set[tuple[str, int | None]] = set()
-        for url in urls:
-            parts = urlsplit(url if "//" in url else f"//{url}")
-            if parts.hostname:
-                origins.add((parts.hostname.lower(), _port(parts)))
-        return cls(frozenset(origins))
-
-    def allows(self, url: str) -> bool:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return False
-        host = parts.hostname.lower()
-        port = _port(parts)
-        return (host, port) in self.origins or (host, None) in self.origins
-
-    def describe(self) -> str:
-        return ", ".join(sorted(h if p is None else f"{h}:{p}" for h, p in self.origins))
-
-
-def _port(parts: Any) -> int | None:
-    try:
-        port: int | None = parts.port
-    except ValueError:
-        return None
-    if port is None and parts.scheme in ("http", "https"):
-        return 80 if parts.scheme == "http" else 443
-    return port
 
 
 def _is_safe_idle(url: str) -> bool:
