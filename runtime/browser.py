@@ -22,7 +22,7 @@ from playwright.async_api import Error as PlaywrightError
 
 from runtime.config import BrowserConfig
 from runtime.errors import BrowserError, playwright_errors
-from runtime.fence import Allowlist, Fence
+from runtime.fence import Allowlist, AllowlistError, Fence
 from runtime.messages import Event, Fault
 from runtime.session import BrowserSession
 
@@ -130,6 +130,14 @@ class BrowserPool:
             if playwright is not None:
                 with contextlib.suppress(PlaywrightError):
                     await playwright.stop()
+
+    def deny(self, url: str) -> None:
+        """Make the origin of `url` (the policy server, the control API) unreachable for
+        every session opened from now on; a URL without a port or host is ignored."""
+        try:
+            self.denied = (*self.denied, next(iter(Allowlist.from_urls([url]).origins)))
+        except AllowlistError:
+            log.warning("browser.deny_ignored", url=url)
 
     def statistics(self) -> PoolStatistics:
         limiter = self._limiter.statistics()

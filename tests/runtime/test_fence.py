@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from runtime.browser import BrowserPool
-from runtime.config import ObservationConfig
+from runtime.config import BrowserConfig, ObservationConfig
 from runtime.errors import ActionError, NavigationBlocked
 from runtime.fence import Allowlist, AllowlistError, Fence
 from runtime.messages import Action
@@ -302,3 +302,12 @@ async def test_fence_refuses_and_counts(sites: Sites) -> None:
         stats = fence.statistics()
         assert (stats.refused, stats.forwarded) == (2, 1)
     assert sites.canary_server.hits == 0
+
+
+def test_pool_deny_adds_an_origin() -> None:
+    pool = BrowserPool(BrowserConfig(), denied=[("127.0.0.1", 8765)])
+    pool.deny("http://127.0.0.1:34567/v1")
+    pool.deny("no-port-here")  # ignored, with a warning: nothing to deny
+    assert pool.denied == (("127.0.0.1", 8765), ("127.0.0.1", 34567))
+    allow = Allowlist.from_urls(["http://localhost:34567/"], denied=pool.denied)
+    assert not allow.allows("http://localhost:34567/")
