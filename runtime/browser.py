@@ -8,6 +8,7 @@ The real binaries are launched, not the wrapper scripts on the PATH.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -24,7 +25,7 @@ from runtime.config import BrowserConfig
 from runtime.errors import BrowserError, playwright_errors
 from runtime.fence import Allowlist, AllowlistError, Fence
 from runtime.messages import Event, Fault
-from runtime.session import BrowserSession
+from runtime.session import BrowserSession, call_until_gone
 
 __all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
 
@@ -104,6 +105,8 @@ class BrowserPool:
         self._browser: Browser | None = None
         self._launches = 0
         self._crashes = 0
+        # Set when the current browser disconnects (a fresh one for each launch).
+        self._gone = anyio.Event()
 
     async def __aenter__(self) -> BrowserPool:
         with playwright_errors("start Playwright"):
@@ -173,6 +176,7 @@ class BrowserPool:
                 )
             browser.on("disconnected", self._on_disconnected)
             self._browser = browser
+            self._gone = anyio.Event()
             self._launches += 1
             if self._launches > 1:
                 log.warning("browser.relaunched", launches=self._launches, crashes=self._crashes)
@@ -180,6 +184,7 @@ class BrowserPool:
 
     def _on_disconnected(self, browser: Browser) -> None:
         if browser is self._browser:
+            self._gone.set()
             self._crashes += 1
             log.warning("browser.disconnected", crashes=self._crashes)
             if self.on_event is not None:
@@ -230,9 +235,11 @@ class BrowserPool:
         # A browser that died between the check and the call is relaunched once.
         for attempt in range(2):
             browser = await self._ensure_browser()
+            gone = self._gone
             try:
-                with playwright_errors("open a browser context"):
-                    return await browser.new_context(
+                return await call_until_gone(
+                    functools.partial(
+                        browser.new_context,
                         viewport={
                             "width": self.config.viewport_width,
                             "height": self.config.viewport_height,
@@ -240,7 +247,11 @@ class BrowserPool:
                         accept_downloads=False,
                         service_workers="block",
                         proxy={"server": proxy},
-                    )
+                    ),
+                    gone,
+                    what="open a browser context",
+                    timeout_s=self.config.navigation_timeout_s,
+                )
             except BrowserError:
                 if attempt == 1 or browser.is_connected():
                     raise

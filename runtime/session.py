@@ -22,8 +22,8 @@ Every Playwright call runs under `playwright_errors`, so only the runtime's erro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import anyio
@@ -51,7 +51,9 @@ from runtime.observation import (
     snapshot,
 )
 
-__all__ = ["Allowlist", "BrowserSession"]
+__all__ = ["Allowlist", "BrowserSession", "call_until_gone"]
+
+T = TypeVar("T")
 
 log = structlog.get_logger("runtime.session")
 
@@ -84,6 +86,41 @@ _SCROLL: Final = (
 _DOWNLOAD_GRACE_S: Final = 1.0
 
 
+async def call_until_gone(
+    call: Callable[[], Awaitable[T]], gone: anyio.Event, *, what: str, timeout_s: float
+) -> T:
+    """`await call()` (a Playwright call), given up as soon as `gone` is set or after
+    `timeout_s`, either way as `BrowserError`.
+
+    Playwright's `new_page()` (and `new_context()`) on a browser killed meanwhile never
+    returns: seen here with 8 contexts opening tabs while Chromium was SIGKILLed, every
+    one of them waited for good. Racing the call against the disconnection ends it.
+    """
+    result: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            try:
+                with playwright_errors(what):
+                    result.append(await call())
+            except Exception as exc:  # raised below, outside the task group
+                failure.append(exc)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(run)
+        with anyio.move_on_after(timeout_s):
+            await gone.wait()
+        tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    if result:
+        return result[0]
+    if gone.is_set():
+        raise BrowserError(f"{what}: the browser is gone")
+    raise BrowserError(f"{what}: no answer within {timeout_s:g} s")
+
+
 def _is_safe_idle(url: str) -> bool:
     """Pages that are on no host at all and harmless: the blank page."""
     return url in ("about:blank", "")
@@ -111,6 +148,8 @@ class BrowserSession:
         self._opening = False
         self._crashed = False
         self._new_page = anyio.Event()
+        # Set when the context closes; it does when Chromium dies.
+        self._gone = anyio.Event()
         self._navigation_ms = 0.0
         # Main-frame navigation requests in flight, and an event set when one ends.
         self._navigations: set[Request] = set()
@@ -126,6 +165,7 @@ class BrowserSession:
         self.context.set_default_timeout(self.config.action_timeout_s * 1000)
         self.context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
         self.context.on("page", self._on_page)
+        self.context.on("close", lambda _: self._gone.set())
         with playwright_errors("set up the browser context"):
             await self.context.route("**/*", self._route)
 
@@ -139,8 +179,12 @@ class BrowserSession:
         for url in urls:
             self._opening = True
             try:
-                with playwright_errors("open a tab"):
-                    page = await self.context.new_page()
+                page = await call_until_gone(
+                    self.context.new_page,
+                    self._gone,
+                    what="open a tab",
+                    timeout_s=self.config.navigation_timeout_s,
+                )
             finally:
                 self._opening = False
             self._adopt(page)
@@ -451,6 +495,8 @@ class BrowserSession:
         return self.config.navigation_timeout_s * 1000
 
     def _check_alive(self) -> None:
+        if self._gone.is_set():
+            raise BrowserError("the browser context closed (Chromium died or was closed)")
         if self._crashed:
             raise BrowserError("the page crashed")
         if not self.pages:
