@@ -293,8 +293,14 @@ class Fence:
                 for address in addresses:
                     if self.allowlist.is_denied(address, port):
                         self._refuse(f"{shown} (resolves to {address})")
-                return await anyio.connect_tcp(addresses[0], port)
-        except (OSError, TimeoutError, IndexError) as exc:
+                failure: OSError | None = None
+                for address in addresses:  # localhost: ::1, then 127.0.0.1
+                    try:
+                        return await anyio.connect_tcp(address, port)
+                    except OSError as exc:
+                        failure = exc
+                raise failure or OSError(f"{host} resolves to no address")
+        except (OSError, TimeoutError) as exc:
             self._failed += 1
             raise _Refused(
                 502, f"webagent fence: could not connect to {shown}: {exc or 'timed out'}"

@@ -270,7 +270,8 @@ async def test_denied_pairs_are_refused_by_the_proxy(pool: BrowserPool, sites: S
 
 async def test_fence_refuses_and_counts(sites: Sites) -> None:
     """Through the proxy by hand: a refused CONNECT, a refused GET, a forwarded GET."""
-    allow = Allowlist.from_urls([sites.attacker])
+    local = sites.attacker.replace("127.0.0.1", "localhost")
+    allow = Allowlist.from_urls([sites.attacker, local])
     async with Fence(allow) as fence:
         port = int(fence.url.rsplit(":", 1)[1])
         canary = sites.canary.removeprefix("http://")
@@ -280,6 +281,7 @@ async def test_fence_refuses_and_counts(sites: Sites) -> None:
             f"GET {sites.canary}/x HTTP/1.1\r\nHost: {canary}\r\n\r\n",
             f"GET {sites.attacker}/ HTTP/1.1\r\nHost: x\r\nProxy-Connection: keep-alive\r\n\r\n",
             "GARBAGE\r\n\r\n",
+            f"GET {local}/ HTTP/1.1\r\nHost: x\r\n\r\n",  # a name, resolved by the fence
         ):
             async with await anyio.connect_tcp("127.0.0.1", port) as stream:
                 await stream.send(request.encode())
@@ -299,8 +301,9 @@ async def test_fence_refuses_and_counts(sites: Sites) -> None:
         assert answers[2].startswith("HTTP/1.0 200") or answers[2].startswith("HTTP/1.1 200")
         assert "Connection: close" in answers[2] and "<title>Attacker</title>" in answers[2]
         assert answers[3].startswith("HTTP/1.1 400")
+        assert "<title>Attacker</title>" in answers[4]
         stats = fence.statistics()
-        assert (stats.refused, stats.forwarded) == (2, 1)
+        assert (stats.refused, stats.forwarded) == (2, 2)
     assert sites.canary_server.hits == 0
 
 
