@@ -8,8 +8,9 @@ The real binaries are launched, not the wrapper scripts on the PATH.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,9 @@ from playwright.async_api import Error as PlaywrightError
 
 from runtime.config import BrowserConfig
 from runtime.errors import BrowserError, playwright_errors
+from runtime.fence import Allowlist, AllowlistError, Fence
 from runtime.messages import Event, Fault
-from runtime.session import Allowlist, BrowserSession
+from runtime.session import BrowserSession, call_until_gone
 
 __all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
 
@@ -87,16 +89,24 @@ class BrowserPool:
     """
 
     def __init__(
-        self, config: BrowserConfig, *, on_event: Callable[[Event], None] | None = None
+        self,
+        config: BrowserConfig,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        denied: Iterable[tuple[str, int]] = (),
     ) -> None:
         self.config = config
         self.on_event = on_event
+        # (host, port) pairs no session may reach (the daemon's API, the policy server).
+        self.denied: tuple[tuple[str, int], ...] = tuple(denied)
         self._limiter = anyio.CapacityLimiter(config.max_contexts)
         self._launch_lock = anyio.Lock()
         self._playwright: Playwright | None = None
         self._browser: Browser | None = None
         self._launches = 0
         self._crashes = 0
+        # Set when the current browser disconnects (a fresh one for each launch).
+        self._gone = anyio.Event()
 
     async def __aenter__(self) -> BrowserPool:
         with playwright_errors("start Playwright"):
@@ -123,6 +133,14 @@ class BrowserPool:
             if playwright is not None:
                 with contextlib.suppress(PlaywrightError):
                     await playwright.stop()
+
+    def deny(self, url: str) -> None:
+        """Make the origin of `url` (the policy server, the control API) unreachable for
+        every session opened from now on; a URL without a port or host is ignored."""
+        try:
+            self.denied = (*self.denied, next(iter(Allowlist.from_urls([url]).origins)))
+        except AllowlistError:
+            log.warning("browser.deny_ignored", url=url)
 
     def statistics(self) -> PoolStatistics:
         limiter = self._limiter.statistics()
@@ -158,6 +176,7 @@ class BrowserPool:
                 )
             browser.on("disconnected", self._on_disconnected)
             self._browser = browser
+            self._gone = anyio.Event()
             self._launches += 1
             if self._launches > 1:
                 log.warning("browser.relaunched", launches=self._launches, crashes=self._crashes)
@@ -165,6 +184,7 @@ class BrowserPool:
 
     def _on_disconnected(self, browser: Browser) -> None:
         if browser is self._browser:
+            self._gone.set()
             self._crashes += 1
             log.warning("browser.disconnected", crashes=self._crashes)
             if self.on_event is not None:
@@ -179,16 +199,28 @@ class BrowserPool:
 
     @asynccontextmanager
     async def session(
-        self, *, allowed: Sequence[str], cookies: Sequence[dict[str, Any]] = ()
+        self,
+        *,
+        allowed: Sequence[str],
+        cookies: Sequence[dict[str, Any]] = (),
+        denied: Iterable[tuple[str, int]] = (),
     ) -> AsyncIterator[BrowserSession]:
-        """A fresh context limited to the hosts of the URLs in `allowed`.
+        """A fresh context limited to the origins of the URLs in `allowed`.
 
-        `cookies` are Playwright cookie dicts (a site tenant's cookie, for instance).
-        Waits for a free slot when `max_contexts` contexts are open.
+        Every entry of `allowed` names its port (a URL, or `host:port`): anything else is
+        an `AllowlistError`. `denied` (host, port) pairs are never reachable, even when
+        `allowed` names them (the daemon's own API, the policy server); the pool's own
+        `denied` always apply. The context reaches the network only through its own
+        `Fence` (a proxy that checks every request). `cookies` are Playwright cookie dicts
+        (a site tenant's cookie, for instance). Waits for a free slot when `max_contexts`
+        contexts are open.
         """
-        allowlist = Allowlist.from_urls(allowed)
-        async with self._limiter:
-            context = await self._new_context()
+        allowlist = Allowlist.from_urls(allowed, denied=[*self.denied, *denied])
+        async with (
+            self._limiter,
+            Fence(allowlist, connect_timeout_s=self.config.navigation_timeout_s) as fence,
+        ):
+            context = await self._new_context(fence.url)
             session = BrowserSession(context, self.config, allowlist)
             try:
                 await session.start()
@@ -199,20 +231,27 @@ class BrowserPool:
             finally:
                 await session.close()
 
-    async def _new_context(self) -> BrowserContext:
+    async def _new_context(self, proxy: str) -> BrowserContext:
         # A browser that died between the check and the call is relaunched once.
         for attempt in range(2):
             browser = await self._ensure_browser()
+            gone = self._gone
             try:
-                with playwright_errors("open a browser context"):
-                    return await browser.new_context(
+                return await call_until_gone(
+                    functools.partial(
+                        browser.new_context,
                         viewport={
                             "width": self.config.viewport_width,
                             "height": self.config.viewport_height,
                         },
                         accept_downloads=False,
                         service_workers="block",
-                    )
+                        proxy={"server": proxy},
+                    ),
+                    gone,
+                    what="open a browser context",
+                    timeout_s=self.config.navigation_timeout_s,
+                )
             except BrowserError:
                 if attempt == 1 or browser.is_connected():
                     raise

@@ -202,7 +202,7 @@ class Daemon:
         try:
             async with (
                 anyio.create_task_group() as outer,
-                BrowserPool(config.browser) as pool,
+                BrowserPool(config.browser, denied=_endpoint_address(config)) as pool,
                 httpx.AsyncClient() as judge_http,
                 open_environment(
                     config,
@@ -248,6 +248,7 @@ class Daemon:
             on_event=self.record,
         ) as stack:
             self._stack = stack
+            pool.deny(stack.server.url)  # no page may reach the policy server
             async with anyio.create_task_group() as tg:
                 evals_send, evals_recv = anyio.create_memory_object_stream[int](1)
                 self._eval_wanted = evals_send
@@ -611,3 +612,8 @@ def _eval_tasks(env: Environment, split: str, episodes: int, seed: int) -> list[
     order = list(tasks)
     random.Random(f"eval:{seed}:{split}").shuffle(order)
     return order[: min(len(order), max(1, episodes))]
+
+
+def _endpoint_address(config: Config) -> list[tuple[str, int]]:
+    """The control API's (host, port), which no page may reach (port 0: none yet)."""
+    return [(config.endpoint.host, config.endpoint.port)] if config.endpoint.port else []

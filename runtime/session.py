@@ -2,8 +2,10 @@
 
 `BrowserSession` is made by `BrowserPool.session()`. It
 
-- enforces the allowlist by request routing: requests to other hosts are aborted; a
-  blocked navigation is reported to the model in the next observation; `Goto` refuses
+- checks the allowlist by request routing, to tell the model: requests to other hosts
+  are aborted and a blocked navigation is reported in the next observation (the fence
+  itself is `runtime.fence`: the context's proxy, which sees every request and every
+  redirect hop, WebSockets included); `Goto` refuses
   other hosts and every scheme but http(s) before navigating (Chromium itself refuses
   page-initiated top-level navigations to `data:`, `file:` and `chrome:` URLs, and any tab
   found on such a URL after an action is closed or sent back);
@@ -20,9 +22,8 @@ Every Playwright call runs under `playwright_errors`, so only the runtime's erro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import anyio
@@ -39,6 +40,7 @@ from runtime.errors import (
     NavigationBlocked,
     playwright_errors,
 )
+from runtime.fence import Allowlist
 from runtime.messages import Action
 from runtime.observation import (
     ID_ATTRIBUTE,
@@ -49,7 +51,9 @@ from runtime.observation import (
     snapshot,
 )
 
-__all__ = ["Allowlist", "BrowserSession"]
+__all__ = ["Allowlist", "BrowserSession", "call_until_gone"]
+
+T = TypeVar("T")
 
 log = structlog.get_logger("runtime.session")
 
@@ -95,42 +99,39 @@ _SCROLL: Final = """({y, step}) => {
 _DOWNLOAD_GRACE_S: Final = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Allowlist:
-    """Hosts a session may reach: (host, port) pairs; port None allows every port."""
+async def call_until_gone(
+    call: Callable[[], Awaitable[T]], gone: anyio.Event, *, what: str, timeout_s: float
+) -> T:
+    """`await call()` (a Playwright call), given up as soon as `gone` is set or after
+    `timeout_s`, either way as `BrowserError`.
 
-    origins: frozenset[tuple[str, int | None]]
+    Playwright's `new_page()` (and `new_context()`) on a browser killed meanwhile never
+    returns: seen here with 8 contexts opening tabs while Chromium was SIGKILLed, every
+    one of them waited for good. Racing the call against the disconnection ends it.
+    """
+    result: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tg:
 
-    @classmethod
-    def from_urls(cls, urls: Sequence[str]) -> Allowlist:
-        """The origins of `urls` ("http://127.0.0.1:8001/x" -> 127.0.0.1:8001)."""
-        origins: set[tuple[str, int | None]] = set()
-        for url in urls:
-            parts = urlsplit(url if "//" in url else f"//{url}")
-            if parts.hostname:
-                origins.add((parts.hostname.lower(), _port(parts)))
-        return cls(frozenset(origins))
+        async def run() -> None:
+            try:
+                with playwright_errors(what):
+                    result.append(await call())
+            except Exception as exc:  # raised below, outside the task group
+                failure.append(exc)
+            tg.cancel_scope.cancel()
 
-    def allows(self, url: str) -> bool:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return False
-        host = parts.hostname.lower()
-        port = _port(parts)
-        return (host, port) in self.origins or (host, None) in self.origins
-
-    def describe(self) -> str:
-        return ", ".join(sorted(h if p is None else f"{h}:{p}" for h, p in self.origins))
-
-
-def _port(parts: Any) -> int | None:
-    try:
-        port: int | None = parts.port
-    except ValueError:
-        return None
-    if port is None and parts.scheme in ("http", "https"):
-        return 80 if parts.scheme == "http" else 443
-    return port
+        tg.start_soon(run)
+        with anyio.move_on_after(timeout_s):
+            await gone.wait()
+        tg.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    if result:
+        return result[0]
+    if gone.is_set():
+        raise BrowserError(f"{what}: the browser is gone")
+    raise BrowserError(f"{what}: no answer within {timeout_s:g} s")
 
 
 def _is_safe_idle(url: str) -> bool:
@@ -160,6 +161,8 @@ class BrowserSession:
         self._opening = False
         self._crashed = False
         self._new_page = anyio.Event()
+        # Set when the context closes; it does when Chromium dies.
+        self._gone = anyio.Event()
         self._navigation_ms = 0.0
         # Main-frame navigation requests in flight, and an event set when one ends.
         self._navigations: set[Request] = set()
@@ -175,6 +178,7 @@ class BrowserSession:
         self.context.set_default_timeout(self.config.action_timeout_s * 1000)
         self.context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
         self.context.on("page", self._on_page)
+        self.context.on("close", lambda _: self._gone.set())
         with playwright_errors("set up the browser context"):
             await self.context.route("**/*", self._route)
 
@@ -188,8 +192,12 @@ class BrowserSession:
         for url in urls:
             self._opening = True
             try:
-                with playwright_errors("open a tab"):
-                    page = await self.context.new_page()
+                page = await call_until_gone(
+                    self.context.new_page,
+                    self._gone,
+                    what="open a tab",
+                    timeout_s=self.config.navigation_timeout_s,
+                )
             finally:
                 self._opening = False
             self._adopt(page)
@@ -502,6 +510,8 @@ class BrowserSession:
         return self.config.navigation_timeout_s * 1000
 
     def _check_alive(self) -> None:
+        if self._gone.is_set():
+            raise BrowserError("the browser context closed (Chromium died or was closed)")
         if self._crashed:
             raise BrowserError("the page crashed")
         if not self.pages:

@@ -10,6 +10,7 @@ import pytest
 from runtime.browser import BrowserPool
 from runtime.config import ObservationConfig
 from runtime.errors import ActionError, ElementNotFound, NavigationBlocked, ObservationError
+from runtime.fence import AllowlistError
 from runtime.messages import Action
 from runtime.observation import Observation
 from runtime.session import Allowlist, BrowserSession
@@ -38,15 +39,17 @@ async def _out(session: BrowserSession) -> str:
 
 
 def test_allowlist_by_origin() -> None:
-    allow = Allowlist.from_urls(["http://127.0.0.1:8001/shop", "localhost"])
+    allow = Allowlist.from_urls(["http://127.0.0.1:8001/shop", "localhost:9999"])
     assert allow.allows("http://127.0.0.1:8001/x?y=1")
     assert not allow.allows("http://127.0.0.1:8002/")
-    assert allow.allows("http://localhost/")
+    assert not allow.allows("http://localhost/")  # a port is named: only that one
     assert allow.allows("http://LOCALHOST:9999/")
     assert not allow.allows("https://example.com/")
     for refused in ("file:///etc/passwd", "data:text/html,x", "chrome://version", "javascript:1"):
         assert not allow.allows(refused)
-    assert allow.describe() == "127.0.0.1:8001, localhost"
+    assert allow.describe() == "127.0.0.1:8001, localhost:9999"
+    with pytest.raises(AllowlistError, match="'localhost' names no port"):
+        Allowlist.from_urls(["localhost"])  # never "every port" (issue 18, item 13)
 
 
 @pytest.mark.browser
