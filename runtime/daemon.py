@@ -57,6 +57,7 @@ from runtime.messages import (
 )
 from runtime.metrics import MetricsBook, plot_learning_curve
 from runtime.runs import RunOutcome, RunService
+from runtime.supervisor import ServerSupervisor
 from sites.files import write_atomic
 from sites.judge import HttpJudge
 
@@ -100,7 +101,12 @@ class Daemon:
         self._learner: Any = None
         self._scheduler: Any = None
         self._runs: RunService | None = None
+        self._supervisor: ServerSupervisor | None = None
         self._updates = 0
+        # Set once the learner's loop has returned (or at once when not training).
+        self._learning_done = anyio.Event()
+        if not self.training:
+            self._learning_done.set()
 
     # ------------------------------------------------------------------ control
 
@@ -159,6 +165,8 @@ class Daemon:
         }
         if self._environment is not None:
             out["sites"] = dict(self._environment.urls)
+        if self._supervisor is not None:
+            out["server"] = msgspec.to_builtins(self._supervisor.statistics())
         if self._stack is not None:
             out["adapters"] = msgspec.to_builtins(self._stack.adapters.statistics())
             out["policy"] = msgspec.to_builtins(self._stack.policy.statistics())
@@ -172,6 +180,14 @@ class Daemon:
 
     def prometheus(self) -> str:
         text = self.book.prometheus()
+        if self._supervisor is not None:
+            server = self._supervisor.statistics()
+            text += (
+                "# TYPE webagent_policy_server_up gauge\n"
+                f"webagent_policy_server_up {int(server.state == 'up')}\n"
+                "# TYPE webagent_policy_server_restarts_total counter\n"
+                f"webagent_policy_server_restarts_total {server.restarts}\n"
+            )
         if self._scheduler is not None:
             stats = self._scheduler.statistics()
             text += (
@@ -200,7 +216,7 @@ class Daemon:
         try:
             async with (
                 anyio.create_task_group() as outer,
-                BrowserPool(config.browser) as pool,
+                BrowserPool(config.browser, on_event=self.record) as pool,
                 httpx.AsyncClient() as judge_http,
                 open_environment(
                     config,
@@ -246,7 +262,17 @@ class Daemon:
             on_event=self.record,
         ) as stack:
             self._stack = stack
+            self._supervisor = ServerSupervisor(
+                served.policy,
+                server=stack.server,
+                client=stack.client,
+                adapters=stack.adapters,
+                on_down=lambda reason: self._hold_for_policy(True),
+                on_up=lambda: self._hold_for_policy(False),
+                on_event=self.record,
+            )
             async with anyio.create_task_group() as tg:
+                await tg.start(self._supervisor.run)
                 evals_send, evals_recv = anyio.create_memory_object_stream[int](1)
                 self._eval_wanted = evals_send
                 if self.training:
@@ -262,6 +288,11 @@ class Daemon:
                 task_status.started()
                 await self._stop.wait()
                 await self._drain()
+                # Every group the drain sent must be stored and journaled before the task
+                # group is cancelled: the scheduler closed its stream, so the pump ends
+                # once it has handed its last group on, and the learner once it has
+                # journaled it (an update in progress finishes first).
+                await self._learning_done.wait()
                 tg.cancel_scope.cancel()
             if self.training:
                 await self._draw()  # the curve as the run ended
@@ -292,15 +323,14 @@ class Daemon:
         from learner.trainer import Learner
         from runtime.rollout import Rollout
         from runtime.scheduler import Scheduler
-        from runtime.store import TrajectoryStore, iter_groups
+        from runtime.store import TrajectoryStore, read_groups
 
         config = self.config
         store_path = self.run_dir / "trajectories.jsonl"
         store = TrajectoryStore(store_path)
 
         def read(ids: Any) -> list[TrajectoryGroup]:
-            wanted = set(ids)
-            return [g for g in iter_groups(store_path) if g.group_id in wanted]
+            return read_groups(store_path, ids)
 
         self._learner = Learner(
             config.learner,
@@ -320,7 +350,7 @@ class Daemon:
             config.scheduler.stream_buffer
         )
         learn_send, learn_recv = anyio.create_memory_object_stream[TrajectoryGroup](0)
-        version = await tg.start(self._learner.run, learn_recv)
+        version = await tg.start(self._learn, learn_recv)
         log.info("daemon.learner_ready", version=version)
         rollout = Rollout(
             environment=env,
@@ -342,9 +372,33 @@ class Daemon:
         )
         if config.learner.max_staleness == 0 and self._learner.statistics().updating:
             self._scheduler.hold_for_update(True)  # released when that update is published
+        if self._supervisor is not None and not self._supervisor.is_up:
+            self._scheduler.hold_for_policy(True)  # released when the server is back
+        # Stored but never journaled (a kill between the two): handed to the learner first.
+        unjournaled = await anyio.to_thread.run_sync(
+            _unseen_groups, store_path, self._learner.has_seen
+        )
+        if unjournaled:
+            log.warning("daemon.unjournaled_groups", groups=[g.group_id for g in unjournaled])
         tg.start_soon(self._scheduler.run)
-        tg.start_soon(self._pump, groups_recv, learn_send, store)
+        tg.start_soon(self._pump, groups_recv, learn_send, store, unjournaled)
         self._want_eval()  # the starting version's success, before any update
+
+    async def _learn(
+        self,
+        groups: MemoryObjectReceiveStream[TrajectoryGroup],
+        *,
+        task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await self._learner.run(groups, task_status=task_status)
+        finally:
+            self._learning_done.set()
+
+    def _hold_for_policy(self, down: bool) -> None:
+        """No new turns while the policy server is down (they would fail for want of it)."""
+        if self._scheduler is not None:
+            self._scheduler.hold_for_policy(down)
 
     def _hold_for_update(self, updating: bool) -> None:
         """`max_staleness` 0: no new turns while the learner updates (a group with a turn
@@ -356,17 +410,36 @@ class Daemon:
         return 0 if self._learner is None else max(self._learner.version, 0)
 
     async def _publish(self, path: Path) -> None:
-        await self._stack.adapters.publish(path)
+        """Hot-swap to `path`; while the policy server is down, once it is back (a publish
+        that fails because it just went down is tried again then)."""
+        from policy.errors import RequestError
+
+        supervisor = self._supervisor
+        while True:
+            if supervisor is not None:
+                await supervisor.wait_up()
+            try:
+                await self._stack.adapters.publish(path)
+                return
+            except RequestError:
+                if supervisor is None or await supervisor.check():
+                    raise  # the server answers: not an outage
+                log.warning("daemon.publish_waits", adapter=path.name, reason="server down")
+                await supervisor.wait_down()
 
     async def _pump(
         self,
         groups: MemoryObjectReceiveStream[TrajectoryGroup],
         learner: MemoryObjectSendStream[TrajectoryGroup],
         store: Any,
+        unjournaled: list[TrajectoryGroup],
     ) -> None:
-        """Every finished group: stored (fsynced) first, then handed to the learner."""
+        """Every finished group: stored (fsynced) first, then handed to the learner;
+        `unjournaled` (stored already) goes to the learner before them."""
         async with groups, learner:
             try:
+                for group in unjournaled:
+                    await learner.send(group)
                 async for group in groups:
                     await store.append_async(group)
                     await learner.send(group)
@@ -583,6 +656,16 @@ class _Pinned:
 
     async def act(self, request: Any) -> Any:
         return await self.policy.act(msgspec.structs.replace(request, adapter=self.adapter))
+
+
+def _unseen_groups(path: Path, seen: Any) -> list[TrajectoryGroup]:
+    """The stored groups for which `seen(group_id)` is False, oldest first."""
+    from runtime.store import iter_group_ids, read_groups
+
+    if not path.exists():
+        return []
+    wanted = [gid for gid in iter_group_ids(path) if not seen(gid)]
+    return read_groups(path, wanted) if wanted else []
 
 
 def _eval_tasks(env: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:
