@@ -323,7 +323,7 @@ class Daemon:
         from learner.trainer import Learner
         from runtime.rollout import Rollout
         from runtime.scheduler import Scheduler
-        from runtime.store import TrajectoryStore, read_groups
+        from runtime.store import TrajectoryStore, read_groups, unseen_groups
 
         config = self.config
         store_path = self.run_dir / "trajectories.jsonl"
@@ -376,7 +376,7 @@ class Daemon:
             self._scheduler.hold_for_policy(True)  # released when the server is back
         # Stored but never journaled (a kill between the two): handed to the learner first.
         unjournaled = await anyio.to_thread.run_sync(
-            _unseen_groups, store_path, self._learner.has_seen
+            unseen_groups, store_path, self._learner.has_seen
         )
         if unjournaled:
             log.warning("daemon.unjournaled_groups", groups=[g.group_id for g in unjournaled])
@@ -410,22 +410,10 @@ class Daemon:
         return 0 if self._learner is None else max(self._learner.version, 0)
 
     async def _publish(self, path: Path) -> None:
-        """Hot-swap to `path`; while the policy server is down, once it is back (a publish
-        that fails because it just went down is tried again then)."""
-        from policy.errors import RequestError
-
-        supervisor = self._supervisor
-        while True:
-            if supervisor is not None:
-                await supervisor.wait_up()
-            try:
-                await self._stack.adapters.publish(path)
-                return
-            except RequestError:
-                if supervisor is None or await supervisor.check():
-                    raise  # the server answers: not an outage
-                log.warning("daemon.publish_waits", adapter=path.name, reason="server down")
-                await supervisor.wait_down()
+        if self._supervisor is None:
+            await self._stack.adapters.publish(path)
+        else:
+            await self._supervisor.publish(path, stopping=self._stop)
 
     async def _pump(
         self,
@@ -656,16 +644,6 @@ class _Pinned:
 
     async def act(self, request: Any) -> Any:
         return await self.policy.act(msgspec.structs.replace(request, adapter=self.adapter))
-
-
-def _unseen_groups(path: Path, seen: Any) -> list[TrajectoryGroup]:
-    """The stored groups for which `seen(group_id)` is False, oldest first."""
-    from runtime.store import iter_group_ids, read_groups
-
-    if not path.exists():
-        return []
-    wanted = [gid for gid in iter_group_ids(path) if not seen(gid)]
-    return read_groups(path, wanted) if wanted else []
 
 
 def _eval_tasks(env: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:

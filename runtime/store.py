@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -33,6 +33,7 @@ __all__ = [
     "read_group",
     "read_groups",
     "store_path",
+    "unseen_groups",
 ]
 
 STORE_FILE = "trajectories.jsonl"
@@ -207,6 +208,16 @@ def read_groups(run_or_file: str | Path, group_ids: Iterable[str]) -> list[Traje
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
     return found
+
+
+def unseen_groups(run_or_file: str | Path, seen: Callable[[str], bool]) -> list[TrajectoryGroup]:
+    """The stored groups for which `seen(group_id)` is False, oldest first (none when the
+    store does not exist yet)."""
+    path = store_path(run_or_file)
+    if not path.exists():
+        return []
+    wanted = [gid for gid in iter_group_ids(path) if not seen(gid)]
+    return read_groups(path, wanted) if wanted else []
 
 
 def read_group(run_or_file: str | Path, group_id: str) -> TrajectoryGroup:

@@ -18,7 +18,8 @@ A restart that fails is retried with a growing pause (up to `_MAX_BACKOFF_S`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -27,7 +28,7 @@ from anyio.abc import TaskStatus
 
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient
-from policy.errors import PolicyError, ServerExitedError
+from policy.errors import PolicyError, RequestError, ServerExitedError
 from policy.server import VLLMServer
 from runtime.config import PolicyConfig
 from runtime.messages import Event, Fault
@@ -37,6 +38,26 @@ __all__ = ["ServerState", "ServerSupervisor"]
 log = structlog.get_logger("runtime.supervisor")
 
 _MAX_BACKOFF_S = 30.0
+
+
+async def _unless(stopping: anyio.Event, wait: Callable[[], Awaitable[None]]) -> bool:
+    """`await wait()`, given up once `stopping` is set; True if it returned."""
+    done = False
+    async with anyio.create_task_group() as tg:
+
+        async def waiting() -> None:
+            nonlocal done
+            await wait()
+            done = True
+            tg.cancel_scope.cancel()
+
+        async def stop() -> None:
+            await stopping.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(waiting)
+        tg.start_soon(stop)
+    return done
 
 
 class ServerState(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,6 +114,24 @@ class ServerSupervisor:
     async def wait_down(self) -> None:
         """Wait until the supervisor has found the server down (returns at once while it is)."""
         await self._down.wait()
+
+    async def publish(self, path: Path, *, stopping: anyio.Event) -> None:
+        """`adapters.publish(path)` once the server serves; a publish that fails because it
+        just went down is tried again once it is back. Given up (logged) when `stopping`
+        is set while it is down: the learner's checkpoint holds the version, and the next
+        start publishes it."""
+        while True:
+            if not self.is_up and not await _unless(stopping, self.wait_up):
+                log.warning("policy.publish_skipped", adapter=path.name, reason="server down")
+                return
+            try:
+                await self.adapters.publish(path)
+                return
+            except RequestError:
+                if await self.check():
+                    raise  # the server answers: not an outage
+                log.warning("policy.publish_waits", adapter=path.name, reason="server down")
+                await _unless(stopping, self.wait_down)
 
     async def check(self) -> bool:
         """True if the server answers /health now (one probe); False while it is down."""

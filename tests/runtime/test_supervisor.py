@@ -12,7 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -168,7 +168,7 @@ async def test_a_killed_or_hung_server_is_restarted_with_its_adapters(
 
 
 async def test_an_external_server_that_goes_away_is_awaited_and_reloaded(
-    tmp_path: Path, zero_adapter: Path
+    tmp_path: Path, zero_adapter: Path, lora_adapter: Callable[..., Path]
 ) -> None:
     script = _stand_in(tmp_path)
     port = free_port()
@@ -176,6 +176,7 @@ async def test_an_external_server_that_goes_away_is_awaited_and_reloaded(
     def launch() -> subprocess.Popen[bytes]:
         return subprocess.Popen([str(script), "--port", str(port)], start_new_session=True)
 
+    v1, v2 = lora_adapter(1), lora_adapter(2)
     config = PolicyConfig(url=f"http://127.0.0.1:{port}", **_FAST)
     server = VLLMServer(config)
     watch = _Watch()
@@ -188,13 +189,38 @@ async def test_an_external_server_that_goes_away_is_awaited_and_reloaded(
                 await sup.wait_down()
             assert "did not answer /health" in watch.downs[0]
             assert sup.statistics().state == "down" and not await sup.check()
-            external = launch()  # back, with no adapter loaded
-            with anyio.fail_after(30):
-                await sup.wait_up()
-            assert "policy@v0" in await client.models()
+            stopping = anyio.Event()
+            published = anyio.Event()
+
+            async def publish(folder: Path) -> None:
+                await sup.publish(folder, stopping=stopping)
+                published.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(publish, v1)  # waits for the server, not an error
+                await anyio.wait_all_tasks_blocked()
+                assert not published.is_set()
+                external = launch()  # back, with no adapter loaded
+                with anyio.fail_after(30):
+                    await sup.wait_up()
+                    await published.wait()
+            served = await client.models()
+            assert {"policy@v0", "policy@v1"} <= set(served)
             stats = sup.statistics()
             assert (stats.outages, stats.restarts, stats.managed) == (1, 0, False)
+            # Stopping while it is down: the publish is given up (the next start makes it).
+            os.killpg(external.pid, signal.SIGKILL)
+            external.wait()
+            with anyio.fail_after(5):
+                await sup.wait_down()
+            stopping.set()
+            with anyio.fail_after(5):
+                await sup.publish(v2, stopping=stopping)
+            assert sup.adapters.current is not None and sup.adapters.current.version == 1
+            external = launch()
+            with anyio.fail_after(30):
+                await sup.wait_up()
     finally:
         os.killpg(external.pid, signal.SIGKILL)
         external.wait()
-    assert watch.faults() == ["policy_server", "policy_server_recovered"]
+    assert watch.faults() == ["policy_server", "policy_server_recovered"] * 2
