@@ -36,6 +36,9 @@ def render(status: dict[str, Any]) -> Table:
         f"{scheduler.get('episodes_in_flight', 0)} episodes, "
         f"{scheduler.get('groups_in_flight', 0)} groups",
     )
+    held = scheduler.get("held_for") or []
+    if held:
+        table.add_row("new turns wait for", ", ".join(held))
     table.add_row("groups queued", str(scheduler.get("queue_depth", 0)))
     table.add_row("throughput", f"{scheduler.get('steps_per_s', 0.0):.1f} steps/s")
     table.add_row(

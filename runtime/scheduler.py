@@ -59,6 +59,8 @@ class SchedulerStatistics:
     epoch: int
     paused: bool
     stopping: bool
+    # Why new turns wait, when they do: "pause", "update", "policy" (server down).
+    held_for: tuple[str, ...] = ()
 
 
 class Scheduler:
@@ -230,6 +232,7 @@ class Scheduler:
             epoch=max(self._epoch, 0),
             paused=self.paused,
             stopping=self._stopping,
+            held_for=tuple(sorted(self.rollout.gate.closed_for)),
         )
 
 

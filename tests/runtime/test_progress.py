@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
 
 from runtime.progress import render
@@ -38,8 +40,13 @@ def test_the_policy_server_state_and_the_faults_show() -> None:
     text = _text(down)
     assert "DOWN: restarting (vLLM exited with code -9)" in text
     assert "browser 2, policy_server 1" in text
-    external = {"server": {"state": "down", "managed": False, "reason": "no /health"}}
-    assert "waiting for it; rollouts paused (no /health)" in _text(external)
+    external = {
+        "server": {"state": "down", "managed": False, "reason": "no /health"},
+        "scheduler": {"held_for": ["policy"]},
+    }
+    text = _text(external)
+    assert "waiting for it; rollouts paused (no /health)" in text
+    assert re.search(r"new turns wait for\W+policy", text)
     up = {"server": {"state": "up", "outages": 1, "recovery_s": [41.25]}, "faults": {}}
     text = _text(up)
     assert "up (1 outages, last back after 41.2 s)" in text
