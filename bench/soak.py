@@ -328,6 +328,9 @@ class Soak:
             "pss_growth_mib": None if growth is None else growth / 2**20,
             "pss_samples_longest_run": len(longest.pss),
             "updates": len(_log_lines(self.log, "learner.update")),
+            "fault_events": dict(
+                Counter(e["kind"] for e in _events(self.run_dir) if e["event"] == "Fault")
+            ),
         }
 
 
@@ -360,7 +363,10 @@ def main(argv: list[str] | None = None) -> None:
          f"{books['recover_median_s']:.1f} / {books['recover_max_s']:.1f}"],
         *[[f"  {k}: n, median / max (s)", f"{v['n']}, {v['median_s']:.1f} / {v['max_s']:.1f}"]
           for k, v in books["recover_by_kind"].items()],
-        ["processes left after daemon kills", len(books["orphans"])],
+        ["processes left (engine after vllm kills, tree after daemon kills)",
+         len(books["orphans"])],
+        ["Fault events in metrics.jsonl", ", ".join(
+            f"{k} {n}" for k, n in sorted(books["fault_events"].items())) or "none"],
         ["PSS growth, longest run (MiB)",
          "-" if books["pss_growth_mib"] is None else f"{books['pss_growth_mib']:.0f}"],
     ]  # fmt: skip
