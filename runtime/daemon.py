@@ -19,8 +19,12 @@ Stopping (`stop()`: SIGINT, SIGTERM, `max_updates`, or a caller): no new groups;
 in flight finish, or after `drain_timeout_s` are recorded with their episodes
 `interrupted`; they are stored and journaled by the learner, which starts no further
 update (so `max_updates=N` makes exactly N) but finishes one in progress (checkpoint
-included) and returns; the drained groups are trained after a restart; the API stops;
-vLLM is stopped with its process group. Running the same command again resumes.
+included) and returns (only then is the rest cancelled); the drained groups are trained
+after a restart; the API stops; vLLM is stopped with its process group. Running the same
+command again resumes, and first hands the learner any stored group it never journaled.
+
+The policy server is supervised (`runtime.supervisor`): while it is down new turns wait,
+a launched one is restarted with its adapters, an external one awaited; `Fault` events.
 """
 
 from __future__ import annotations
