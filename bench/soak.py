@@ -20,8 +20,8 @@ At the end: SIGTERM (a graceful stop), one more start that is stopped once its l
 has published (the groups drained at the stop are taken then), and the books:
 - lost: groups in trajectories.jsonl that are not in the learner's journal;
 - trained twice: group ids in more than one `learner.update` log line;
-- RSS growth: the daemon's tree PSS (vLLM and Chromium included) from its first minute to
-  its last, over its longest run without a daemon kill.
+- RSS growth: the daemon's tree PSS (vLLM and Chromium included) from a minute after its
+  first turn to its last sample, over its longest run without a daemon kill.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class _Fault:
 class _Run:
     proc: subprocess.Popen[bytes]
     started: float
+    serving: float = 0.0  # wall time of its first turn (0: none yet)
     pss: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -198,6 +199,7 @@ class Soak:
             turns = [e["at"] for e in _events(self.run_dir) if e["event"] == "TurnTaken"]
             later = [t for t in turns if t > after]
             if later:
+                run.serving = run.serving or float(min(later))
                 return float(min(later)) - after
             if run.proc.poll() is not None:
                 return None
@@ -306,10 +308,10 @@ class Soak:
                 by_kind.setdefault(f.kind, []).append(f.recovered_s)
         growth = None
         longest = max(self.runs, key=lambda r: len(r.pss))
-        if len(longest.pss) >= 8:
-            settled = [p for t, p in longest.pss if t - longest.pss[0][0] >= 60]
-            if len(settled) >= 2:
-                growth = settled[-1] - settled[0]
+        # From a minute after its first turn (vLLM, Chromium and the learner loaded).
+        settled = [p for t, p in longest.pss if longest.serving and t >= longest.serving + 60]
+        if len(settled) >= 2:
+            growth = settled[-1] - settled[0]
         return {
             "faults": [f.__dict__ for f in self.faults],
             "groups_stored": len(stored),
