@@ -148,6 +148,11 @@ class Learner:
         state = self._engine.state
         return -1 if state is None else state.version
 
+    def has_seen(self, group_id: str) -> bool:
+        """True once `group_id` is journaled, trained, set aside or queued (after the
+        start: `run` has resumed the journal and the checkpoint)."""
+        return group_id in self._seen
+
     def hold(self) -> None:
         """Start no further update (one in progress finishes); keep journaling groups."""
         self._held = True

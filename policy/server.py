@@ -271,6 +271,10 @@ class VLLMServer:
         code = await process.wait()
         raise ServerExitedError(f"vLLM exited with code {code}", self.log_tail())
 
+    def group(self) -> list[int]:
+        """Pids of the server's processes (API server, engine core, workers) now."""
+        return [] if self._process is None else _group_members(self._process.pid)
+
     def kill(self) -> None:
         """SIGKILL the whole process group now (fault injection, emergencies)."""
         if self._process is not None:
@@ -332,6 +336,12 @@ def _group_members(pgid: int) -> list[int]:
         pids.add(pgid)
     except psutil.Error:
         pass
+    # After the leader's death (kill -9 of the API server) its engine core and workers
+    # are re-parented: found by their process group.
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if proc.pid != pgid and os.getpgid(proc.pid) == pgid:
+                pids.add(proc.pid)
     return sorted(pids)
 
 

@@ -203,6 +203,15 @@ class PolicyConfig(_Section, frozen=True):
     max_retries: NonNegative = 3
     retry_backoff_s: NonNegativeFloat = 0.5
     max_concurrency: Positive = 32
+    # Health while it runs (runtime.supervisor): `/health` is probed every
+    # health_interval_s with health_timeout_s to answer; health_failures misses in a row
+    # (or the launched process's exit) mark it down: new turns wait, a server we launched
+    # is restarted with its adapters reloaded, an external one is awaited.
+    # (A hang is found within health_failures * (interval + timeout) s, ~21 s by default:
+    # generous, so that a CPU machine under load is not taken for a hung server.)
+    health_interval_s: PositiveFloat = 2.0
+    health_timeout_s: PositiveFloat = 5.0
+    health_failures: Positive = 3
     temperature: NonNegativeFloat = 1.0
     top_p: Fraction = 1.0
     max_tokens: Positive = 256

@@ -19,8 +19,12 @@ Stopping (`stop()`: SIGINT, SIGTERM, `max_updates`, or a caller): no new groups;
 in flight finish, or after `drain_timeout_s` are recorded with their episodes
 `interrupted`; they are stored and journaled by the learner, which starts no further
 update (so `max_updates=N` makes exactly N) but finishes one in progress (checkpoint
-included) and returns; the drained groups are trained after a restart; the API stops;
-vLLM is stopped with its process group. Running the same command again resumes.
+included) and returns (only then is the rest cancelled); the drained groups are trained
+after a restart; the API stops; vLLM is stopped with its process group. Running the same
+command again resumes, and first hands the learner any stored group it never journaled.
+
+The policy server is supervised (`runtime.supervisor`): while it is down new turns wait,
+a launched one is restarted with its adapters, an external one awaited; `Fault` events.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from runtime.messages import (
 )
 from runtime.metrics import MetricsBook, plot_learning_curve
 from runtime.runs import RunOutcome, RunService
+from runtime.supervisor import ServerSupervisor
 from sites.files import write_atomic
 from sites.judge import HttpJudge
 
@@ -102,7 +107,12 @@ class Daemon:
         self._learner: Any = None
         self._scheduler: Any = None
         self._runs: RunService | None = None
+        self._supervisor: ServerSupervisor | None = None
         self._updates = 0
+        # Set once the learner's loop has returned (or at once when not training).
+        self._learning_done = anyio.Event()
+        if not self.training:
+            self._learning_done.set()
 
     # ------------------------------------------------------------------ control
 
@@ -161,6 +171,8 @@ class Daemon:
         }
         if self._environment is not None:
             out["sites"] = dict(self._environment.urls)
+        if self._supervisor is not None:
+            out["server"] = msgspec.to_builtins(self._supervisor.statistics())
         if self._stack is not None:
             out["adapters"] = msgspec.to_builtins(self._stack.adapters.statistics())
             out["policy"] = msgspec.to_builtins(self._stack.policy.statistics())
@@ -174,6 +186,14 @@ class Daemon:
 
     def prometheus(self) -> str:
         text = self.book.prometheus()
+        if self._supervisor is not None:
+            server = self._supervisor.statistics()
+            text += (
+                "# TYPE webagent_policy_server_up gauge\n"
+                f"webagent_policy_server_up {int(server.state == 'up')}\n"
+                "# TYPE webagent_policy_server_restarts_total counter\n"
+                f"webagent_policy_server_restarts_total {server.restarts}\n"
+            )
         if self._scheduler is not None:
             stats = self._scheduler.statistics()
             text += (
@@ -202,7 +222,9 @@ class Daemon:
         try:
             async with (
                 anyio.create_task_group() as outer,
-                BrowserPool(config.browser, denied=_endpoint_address(config)) as pool,
+                BrowserPool(
+                    config.browser, denied=_endpoint_address(config), on_event=self.record
+                ) as pool,
                 httpx.AsyncClient() as judge_http,
                 open_environment(
                     config,
@@ -249,7 +271,17 @@ class Daemon:
         ) as stack:
             self._stack = stack
             pool.deny(stack.server.url)  # no page may reach the policy server
+            self._supervisor = ServerSupervisor(
+                served.policy,
+                server=stack.server,
+                client=stack.client,
+                adapters=stack.adapters,
+                on_down=lambda reason: self._hold_for_policy(True),
+                on_up=lambda: self._hold_for_policy(False),
+                on_event=self.record,
+            )
             async with anyio.create_task_group() as tg:
+                await tg.start(self._supervisor.run)
                 evals_send, evals_recv = anyio.create_memory_object_stream[int](1)
                 self._eval_wanted = evals_send
                 if self.training:
@@ -265,6 +297,11 @@ class Daemon:
                 task_status.started()
                 await self._stop.wait()
                 await self._drain()
+                # Every group the drain sent must be stored and journaled before the task
+                # group is cancelled: the scheduler closed its stream, so the pump ends
+                # once it has handed its last group on, and the learner once it has
+                # journaled it (an update in progress finishes first).
+                await self._learning_done.wait()
                 tg.cancel_scope.cancel()
             if self.training:
                 await self._draw()  # the curve as the run ended
@@ -295,15 +332,14 @@ class Daemon:
         from learner.trainer import Learner
         from runtime.rollout import Rollout
         from runtime.scheduler import Scheduler
-        from runtime.store import TrajectoryStore, iter_groups
+        from runtime.store import TrajectoryStore, read_groups, unseen_groups
 
         config = self.config
         store_path = self.run_dir / "trajectories.jsonl"
         store = TrajectoryStore(store_path)
 
         def read(ids: Any) -> list[TrajectoryGroup]:
-            wanted = set(ids)
-            return [g for g in iter_groups(store_path) if g.group_id in wanted]
+            return read_groups(store_path, ids)
 
         self._learner = Learner(
             config.learner,
@@ -323,7 +359,7 @@ class Daemon:
             config.scheduler.stream_buffer
         )
         learn_send, learn_recv = anyio.create_memory_object_stream[TrajectoryGroup](0)
-        version = await tg.start(self._learner.run, learn_recv)
+        version = await tg.start(self._learn, learn_recv)
         log.info("daemon.learner_ready", version=version)
         rollout = Rollout(
             environment=env,
@@ -345,9 +381,33 @@ class Daemon:
         )
         if config.learner.max_staleness == 0 and self._learner.statistics().updating:
             self._scheduler.hold_for_update(True)  # released when that update is published
+        if self._supervisor is not None and not self._supervisor.is_up:
+            self._scheduler.hold_for_policy(True)  # released when the server is back
+        # Stored but never journaled (a kill between the two): handed to the learner first.
+        unjournaled = await anyio.to_thread.run_sync(
+            unseen_groups, store_path, self._learner.has_seen
+        )
+        if unjournaled:
+            log.warning("daemon.unjournaled_groups", groups=[g.group_id for g in unjournaled])
         tg.start_soon(self._scheduler.run)
-        tg.start_soon(self._pump, groups_recv, learn_send, store)
+        tg.start_soon(self._pump, groups_recv, learn_send, store, unjournaled)
         self._want_eval()  # the starting version's success, before any update
+
+    async def _learn(
+        self,
+        groups: MemoryObjectReceiveStream[TrajectoryGroup],
+        *,
+        task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await self._learner.run(groups, task_status=task_status)
+        finally:
+            self._learning_done.set()
+
+    def _hold_for_policy(self, down: bool) -> None:
+        """No new turns while the policy server is down (they would fail for want of it)."""
+        if self._scheduler is not None:
+            self._scheduler.hold_for_policy(down)
 
     def _hold_for_update(self, updating: bool) -> None:
         """`max_staleness` 0: no new turns while the learner updates (a group with a turn
@@ -359,17 +419,24 @@ class Daemon:
         return 0 if self._learner is None else max(self._learner.version, 0)
 
     async def _publish(self, path: Path) -> None:
-        await self._stack.adapters.publish(path)
+        if self._supervisor is None:
+            await self._stack.adapters.publish(path)
+        else:
+            await self._supervisor.publish(path, stopping=self._stop)
 
     async def _pump(
         self,
         groups: MemoryObjectReceiveStream[TrajectoryGroup],
         learner: MemoryObjectSendStream[TrajectoryGroup],
         store: Any,
+        unjournaled: list[TrajectoryGroup],
     ) -> None:
-        """Every finished group: stored (fsynced) first, then handed to the learner."""
+        """Every finished group: stored (fsynced) first, then handed to the learner;
+        `unjournaled` (stored already) goes to the learner before them."""
         async with groups, learner:
             try:
+                for group in unjournaled:
+                    await learner.send(group)
                 async for group in groups:
                     await store.append_async(group)
                     await learner.send(group)

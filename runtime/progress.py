@@ -1,4 +1,5 @@
-"""Progress on a terminal: rollouts in flight, groups queued, update step, success.
+"""Progress on a terminal: rollouts in flight, groups queued, update step, success, the
+policy server's state and the faults seen (browser disconnects, vLLM outages).
 
 Redrawn once a second from `Daemon.status()` with rich; off a terminal nothing is drawn
 (the structlog JSON lines say the same things).
@@ -35,6 +36,9 @@ def render(status: dict[str, Any]) -> Table:
         f"{scheduler.get('episodes_in_flight', 0)} episodes, "
         f"{scheduler.get('groups_in_flight', 0)} groups",
     )
+    held = scheduler.get("held_for") or []
+    if held:
+        table.add_row("new turns wait for", ", ".join(held))
     table.add_row("groups queued", str(scheduler.get("queue_depth", 0)))
     table.add_row("throughput", f"{scheduler.get('steps_per_s', 0.0):.1f} steps/s")
     table.add_row(
@@ -58,6 +62,21 @@ def render(status: dict[str, Any]) -> Table:
     evals = status.get("eval_success") or {}
     table.add_row(
         "success (eval)", ", ".join(f"{k} {v:.1%}" for k, v in sorted(evals.items())) or "-"
+    )
+    server = status.get("server") or {}
+    if server:
+        state = server.get("state", "up")
+        if state == "up":
+            recovered = server.get("recovery_s") or []
+            last = f", last back after {recovered[-1]:.1f} s" if recovered else ""
+            text = f"up ({server.get('outages', 0)} outages{last})"
+        else:
+            doing = "restarting" if server.get("managed") else "waiting for it; rollouts paused"
+            text = f"[bold red]DOWN[/]: {doing} ({server.get('reason', '')})"
+        table.add_row("policy server", text)
+    faults = status.get("faults") or {}
+    table.add_row(
+        "faults", ", ".join(f"{kind} {n}" for kind, n in sorted(faults.items())) or "none"
     )
     if status.get("stopping"):
         table.add_row("state", "stopping: draining rollouts, checkpointing")

@@ -13,8 +13,9 @@ finished group (and its slot) back: backpressure, not loss.
 `timeout_s` interrupts the episodes still running; those groups are still sent, with the
 episodes recorded as `interrupted`. `pause()`/`resume()` close and open the gate at which
 episodes wait before each policy call (no new turns while paused; contexts stay open);
-`hold_for_update(True/False)` does the same for the learner's updates, independently of
-a pause (the gate opens when neither holds it).
+`hold_for_update(True/False)` does the same for the learner's updates, and
+`hold_for_policy` while the policy server is down, independently of a pause (the gate
+opens when none holds it).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class SchedulerStatistics:
     epoch: int
     paused: bool
     stopping: bool
+    # Why new turns wait, when they do: "pause", "update", "policy" (server down).
+    held_for: tuple[str, ...] = ()
 
 
 class Scheduler:
@@ -114,6 +117,13 @@ class Scheduler:
             self.rollout.gate.close("update")
         else:
             self.rollout.gate.open("update")
+
+    def hold_for_policy(self, down: bool) -> None:
+        """As `hold_for_update`, while the policy server is down (`runtime.supervisor`)."""
+        if down:
+            self.rollout.gate.close("policy")
+        else:
+            self.rollout.gate.open("policy")
 
     @property
     def paused(self) -> bool:
@@ -222,6 +232,7 @@ class Scheduler:
             epoch=max(self._epoch, 0),
             paused=self.paused,
             stopping=self._stopping,
+            held_for=tuple(sorted(self.rollout.gate.closed_for)),
         )
 
 

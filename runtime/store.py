@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -28,9 +28,12 @@ from runtime.messages import TrajectoryGroup, decode_group, encode
 __all__ = [
     "STORE_FILE",
     "TrajectoryStore",
+    "iter_group_ids",
     "iter_groups",
     "read_group",
+    "read_groups",
     "store_path",
+    "unseen_groups",
 ]
 
 STORE_FILE = "trajectories.jsonl"
@@ -156,6 +159,65 @@ def iter_groups(run_or_file: str | Path) -> Iterator[TrajectoryGroup]:
                 yield decode_group(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+
+
+class _GroupId(msgspec.Struct):
+    group_id: str
+
+
+_id_decoder = msgspec.json.Decoder(_GroupId)
+
+
+def iter_group_ids(run_or_file: str | Path) -> Iterator[str]:
+    """The group id of every stored line, oldest first (a torn last line is skipped);
+    only the id is decoded, so this is cheap on a long run's store."""
+    path = store_path(run_or_file)
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                return
+            if not line.strip():
+                continue
+            try:
+                yield _id_decoder.decode(line).group_id
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+
+
+def read_groups(run_or_file: str | Path, group_ids: Iterable[str]) -> list[TrajectoryGroup]:
+    """The stored groups with these ids, in store order (decoding only their lines)."""
+    wanted = set(group_ids)
+    path = store_path(run_or_file)
+    found: list[TrajectoryGroup] = []
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n") or not line.strip():
+                continue
+            try:
+                if _id_decoder.decode(line).group_id not in wanted:
+                    continue
+                found.append(decode_group(line))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+    return found
+
+
+def unseen_groups(run_or_file: str | Path, seen: Callable[[str], bool]) -> list[TrajectoryGroup]:
+    """The stored groups for which `seen(group_id)` is False, oldest first (none when the
+    store does not exist yet)."""
+    path = store_path(run_or_file)
+    if not path.exists():
+        return []
+    wanted = [gid for gid in iter_group_ids(path) if not seen(gid)]
+    return read_groups(path, wanted) if wanted else []
 
 
 def read_group(run_or_file: str | Path, group_id: str) -> TrajectoryGroup:

@@ -179,7 +179,14 @@ async def test_pause_holds_every_episode_before_its_next_turn(pool: BrowserPool,
         await anyio.sleep(0.5)
         assert not scheduler.statistics().paused
         assert rollout.stats.turns == 0 and rollout.gate.waiting == 3
+        # So does a policy server outage (runtime.supervisor); both are reported.
+        scheduler.hold_for_policy(True)
+        assert scheduler.statistics().held_for == ("policy", "update")
         scheduler.hold_for_update(False)
+        await anyio.sleep(0.2)
+        assert rollout.stats.turns == 0 and rollout.gate.waiting == 3
+        scheduler.hold_for_policy(False)
+        assert scheduler.statistics().held_for == ()
     assert [t.reward for t in groups[0].trajectories] == [1.0, 1.0, 1.0]
 
 

@@ -14,7 +14,16 @@ from structlog.testing import capture_logs
 
 from runtime.errors import StoreError
 from runtime.messages import Action, Trajectory, TrajectoryGroup, Turn, encode
-from runtime.store import STORE_FILE, TrajectoryStore, iter_groups, read_group, store_path
+from runtime.store import (
+    STORE_FILE,
+    TrajectoryStore,
+    iter_group_ids,
+    iter_groups,
+    read_group,
+    read_groups,
+    store_path,
+    unseen_groups,
+)
 
 
 def _group(index: int, turns: int = 3) -> TrajectoryGroup:
@@ -67,6 +76,22 @@ def test_append_and_read_back(tmp_path: Path) -> None:
     assert [g.group_id for g in iter_groups(path)] == [f"g{i}" for i in range(6)]
     with pytest.raises(StoreError, match="closed"):
         store.append(_group(6))
+
+
+def test_ids_and_groups_by_id_and_the_unseen_ones(tmp_path: Path) -> None:
+    """What the daemon reads at start-up: stored groups the learner never journaled."""
+    path = tmp_path / STORE_FILE
+    assert unseen_groups(path, lambda gid: False) == []  # no store yet
+    groups = [_group(i, turns=1) for i in range(4)]
+    with TrajectoryStore(path) as store:
+        for group in groups:
+            store.append(group)
+    with path.open("ab") as handle:
+        handle.write(encode(_group(9))[:-10])  # a torn tail is not a group
+    assert list(iter_group_ids(path)) == ["g0", "g1", "g2", "g3"]
+    assert read_groups(path, ["g3", "g1", "g7"]) == [groups[1], groups[3]]
+    journaled = {"g0", "g2"}
+    assert unseen_groups(path, journaled.__contains__) == [groups[1], groups[3]]
 
 
 def test_a_torn_last_line_is_reported_and_cut(tmp_path: Path) -> None:
