@@ -1,6 +1,7 @@
 """Learner overhead: one M-GRPO update against a bare torch forward+backward, same tokens.
 
     .venv/bin/python -m bench.learner [--model DIR] [--threads 1] [--repeats 3]
+                                      [--lora-layers N] [--recompute]
                                       [--batch-groups 4] [--group-size 4] [--turns 4]
                                       [--prompt-tokens 600] [--completion-tokens 40]
                                       [--out bench/out]
@@ -11,9 +12,10 @@ turns, each turn `--prompt-tokens` prompt ids and `--completion-tokens` completi
 and half 0 in every group so that every group carries signal.
 
 - update: `learner.engine.Engine.update` on that batch (LoRA on the model; advantages,
-  samples, micro-batches, recomputed old log-probs, forward/backward through the M-GRPO
-  loss, AdamW step, then the adapter saved and the checkpoint written), as the learner
-  thread runs it; its own `train_s` and `save_s` are reported too;
+  samples, micro-batches, old log-probs (the server's, or recomputed with `--recompute`),
+  forward/backward through the M-GRPO loss, AdamW step, then the adapter saved and the
+  checkpoint written), as the learner thread runs it; its own `train_s` and `save_s` are
+  reported too;
 - bare: the same model with the same LoRA and AdamW, over the same padded micro-batch
   tensors: `model(input_ids, attention_mask)`, a weighted cross-entropy on the completion
   tokens, backward, optimizer step. Nothing else. A no-grad forward over the same tensors
@@ -154,8 +156,9 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
     groups = make_groups(args, vocab)
     config = LearnerConfig(
-        device="cpu", torch_threads=args.threads, batch_groups=args.batch_groups, keep_checkpoints=1
-    )
+        device="cpu", torch_threads=args.threads, batch_groups=args.batch_groups,
+        keep_checkpoints=1, lora_layers=args.lora_layers, recompute_logprobs=args.recompute,
+    )  # fmt: skip
     update_s, train_s, save_s, bare_s, forward_s = [], [], [], [], []
     model, optimizer, batches = bare_setup(model_dir, config, groups)
     with tempfile.TemporaryDirectory(prefix="bench-learner-") as tmp:
@@ -204,6 +207,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--completion-tokens", type=int, default=40)
+    parser.add_argument(
+        "--lora-layers", type=int, default=LearnerConfig().lora_layers,
+        help="LoRA on the top N layers only (learner.lora_layers; 0: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--recompute", action="store_true",
+        help="recompute old log-probs in the update (learner.recompute_logprobs)",
+    )  # fmt: skip
     parser.add_argument("--out", default="bench/out", help="folder for the JSON")
     args = parser.parse_args()
     configure_logging(level="warning")
@@ -233,10 +244,16 @@ def main() -> None:
     }
     notes = [
         f"overhead ratio update/bare: {upd / bare:.2f} (training only: {trn / bare:.2f}); the "
-        "update also recomputes old log-probs (one more forward, no grad) and computes the "
-        "M-GRPO loss, the bare loop a plain cross-entropy; update/(bare step + no-grad "
-        f"forward): {upd / (bare + fwd):.2f}",
-        f"model {model.name}, LoRA rank {LearnerConfig().lora_rank} on all linear layers, "
+        "update computes the M-GRPO loss"
+        + (
+            " and recomputes old log-probs (one more forward, no grad)"
+            if args.recompute
+            else " on the server's log-probs"
+        )
+        + ", the bare loop a plain cross-entropy; "
+        f"update/(bare step + no-grad forward): {upd / (bare + fwd):.2f}",
+        f"model {model.name}, LoRA rank {LearnerConfig().lora_rank} on all linear layers of "
+        f"{'the top ' + str(args.lora_layers) if args.lora_layers else 'every'} layer(s), "
         f"float32, torch threads {result['threads']} (interop {result['interop_threads']})",
         load_note(load),
     ]

@@ -26,7 +26,7 @@ END = "<!-- results:end -->"
 
 # The order of the sections; benchmarks not listed here follow in name order.
 ORDER = (
-    "rollout", "compression", "hotswap", "learner", "pipeline", "recipe", "errors", "copyform",
+    "rollout", "compression", "hotswap", "learner", "pipeline", "recipe", "errors",
     "learning",
 )  # fmt: skip
 

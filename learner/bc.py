@@ -64,6 +64,7 @@ from runtime.messages import TrajectoryGroup
 __all__ = [
     "BCEval",
     "BCExample",
+    "BCProgress",
     "BCReport",
     "behaviour_clone",
     "demo_examples",
@@ -105,6 +106,36 @@ class BCEval(msgspec.Struct, frozen=True, kw_only=True):
     # demonstrated thought as given, which a free-running model must write itself.
     heldout_whole_accuracy: float = math.nan
     heldout_whole_episode_accuracy: float = math.nan
+
+
+class BCProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a BC run is, after a step (`behaviour_clone(on_step=...)`)."""
+
+    step: int
+    max_steps: int  # 0: bounded by time only
+    loss: float  # mean over the steps since the last evaluation
+    heldout_accuracy: float  # at the last evaluation (nan before the first)
+    elapsed_s: float
+    left_s: float | None  # by max_minutes or max_steps, whichever ends first
+
+
+def _progress(
+    step: int, window: Sequence[float], history: Sequence[BCEval], started: float, cfg: BCConfig
+) -> BCProgress:
+    elapsed = time.monotonic() - started
+    lefts = []
+    if cfg.max_minutes:
+        lefts.append(max(0.0, 60 * cfg.max_minutes - elapsed))
+    if cfg.max_steps:
+        lefts.append(elapsed / step * max(0, cfg.max_steps - step))
+    return BCProgress(
+        step=step,
+        max_steps=cfg.max_steps,
+        loss=sum(window) / len(window) if window else math.nan,
+        heldout_accuracy=history[-1].heldout_accuracy if history else math.nan,
+        elapsed_s=elapsed,
+        left_s=min(lefts) if lefts else None,
+    )
 
 
 class BCReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -310,6 +341,7 @@ def behaviour_clone(
     evaluate_success: Callable[[Any], float] | None = None,
     overwrite: bool = False,
     should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[BCProgress], None] | None = None,
 ) -> BCReport:
     """Train on the demonstrations and write the BC checkpoint to `out` (see module doc).
 
@@ -318,7 +350,8 @@ def behaviour_clone(
     step; e.g. a daemon's Ctrl-C) abandons the run: LearnerError, nothing written.
 
     `evaluate_success(model)` (optional) returns held-out episode success of the torch
-    model at each evaluation; it enables `config.target_success`.
+    model at each evaluation; it enables `config.target_success`. `on_step` is called
+    (from the calling thread) after every step with a `BCProgress`.
     """
     target = Path(out)
     if target.exists() and not overwrite:
@@ -349,6 +382,7 @@ def behaviour_clone(
         return _train(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,
             evaluate_success=evaluate_success, should_stop=should_stop, prompt_loss=prompt_loss,
+            on_step=on_step,
         )  # fmt: skip
     except LearnerError:
         raise
@@ -367,6 +401,7 @@ def _train(
     evaluate_success: Callable[[Any], float] | None,
     should_stop: Callable[[], bool] | None = None,
     prompt_loss: float = 0.0,
+    on_step: Callable[[BCProgress], None] | None = None,
 ) -> BCReport:
     import torch
     from transformers import AutoModelForCausalLM
@@ -455,6 +490,8 @@ def _train(
         step += 1
         tokens += n
         window.append(loss)
+        if on_step is not None:
+            on_step(_progress(step, window, history, started, config))
         if step % config.eval_every_steps == 0:
             point = evaluate()
             if config.target_accuracy and point.heldout_accuracy >= config.target_accuracy:

@@ -112,16 +112,17 @@ def attach_lora(model: Any, config: LearnerConfig) -> Any:
     """A peft model with a fresh LoRA (rank, alpha, dropout, targets from `config`).
 
     Only the LoRA weights are trainable; B starts at zero so outputs equal the base's.
-    With `lora_layers` N > 0 only the top N transformer layers get one.
+    With `lora_layers` N > 0 only the top N transformer layers get one (every layer when
+    the model has no more than N).
     """
     from peft import LoraConfig, get_peft_model
 
     layers = int(model.config.num_hidden_layers)
-    if config.lora_layers > layers:
-        raise AdapterError(
-            f"learner.lora_layers {config.lora_layers}: the model has {layers} layers"
-        )
-    top = list(range(layers - config.lora_layers, layers)) if config.lora_layers else None
+    top = (
+        list(range(layers - config.lora_layers, layers))
+        if 0 < config.lora_layers < layers
+        else None  # every layer
+    )
     lora = LoraConfig(
         r=config.lora_rank,
         layers_to_transform=top,

@@ -277,10 +277,12 @@ class LearnerConfig(_Section, frozen=True):
         "up_proj",
         "down_proj",
     )
-    # LoRA on the top N transformer layers only (0: every layer). Below the lowest adapted
-    # layer nothing needs a gradient, so the backward pass and its saved activations stop
-    # there: cheaper updates and less memory (bench/learner.py measures it).
-    lora_layers: NonNegative = 0
+    # LoRA on the top N transformer layers only (0, or N >= the model's layers: every
+    # layer). Below the lowest adapted layer nothing needs a gradient, so the backward pass
+    # and its saved activations stop there. SmolLM2-135M (30 layers), 1,024 tokens, one
+    # thread: forward+backward 5.0 CPU-s with the top 10 against 8.3 with all 30; BC with
+    # all 30 at 4,096-token micro-batches was killed for memory at 13.5 GB RSS.
+    lora_layers: NonNegative = 10
     seed: int = 0
     # torch intra-op threads of the learner (0: torch's default, one per core). The learner
     # shares the CPU with vLLM and Chromium: 1 thread (see bc.torch_threads).
@@ -296,9 +298,9 @@ class LearnerConfig(_Section, frozen=True):
 class BCConfig(_Section, frozen=True):
     """Behaviour-cloning warm-up on the oracle's demonstrations."""
 
-    # Defaults for the embedded default's SmolLM2-135M with LoRA (lr as in the look-up
-    # probe of shared/MACHINE_NOTES.md; a step of 8 turns is ~4,400 tokens).
-    learning_rate: PositiveFloat = 5e-4
+    # Defaults for the embedded default's SmolLM2-135M with LoRA (a step of 8 turns is
+    # ~4,300 tokens; at 5e-4, 20 steps left the loss at 1.98 and no turn right).
+    learning_rate: PositiveFloat = 1e-3
     batch_size: Positive = 8
     warmup_steps: NonNegative = 5
     max_steps: NonNegative = 0

@@ -44,6 +44,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from runtime.bootstrap import BootstrapProgress
 from runtime.browser import BrowserPool
 from runtime.config import Config, dump_config
 from runtime.environment import Environment
@@ -97,6 +98,7 @@ class Daemon:
         self.model = ""
         self.api_url = ""
         self.started_at = time.time()
+        self._bootstrap = BootstrapProgress()  # the first run's model-making stages
         self._stop = anyio.Event()
         self._stopped_by = ""
         self._plot_wanted = anyio.Event()
@@ -165,6 +167,7 @@ class Daemon:
         out: dict[str, Any] = {
             "mode": "training" if self.training else "serving",
             "model": self.model,
+            "stage": "running" if self.model else self._bootstrap.describe() or "starting",
             "uptime_s": round(time.time() - self.started_at, 1),
             "stopping": self._stop.is_set(),
             **self.book.summary(),
@@ -319,7 +322,9 @@ class Daemon:
 
             tg.start_soon(watch)
             try:
-                model = await prepare(config, env, should_stop=self._stop.is_set)
+                model = await prepare(
+                    config, env, should_stop=self._stop.is_set, progress=self._bootstrap
+                )
             except LearnerError:
                 if not self._stop.is_set():
                     raise

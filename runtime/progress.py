@@ -29,6 +29,7 @@ def render(status: dict[str, Any]) -> Table:
     )
     table.add_column("what", style="bold")
     table.add_column("value")
+    table.add_row("stage", str(status.get("stage", "")))
     scheduler = status.get("scheduler") or {}
     learner = status.get("learner") or {}
     table.add_row(

@@ -117,11 +117,13 @@ async def write_demos(
     group_size: int = 1,
     concurrency: int = 32,
     style: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> DemoReport:
     """The oracle's successful episodes on `tasks`, as a trajectory store at `out`.
 
     Written to `out` + ".partial" and renamed into place when complete, so `out` is
     never half-written. Failed oracle episodes are left out and listed in the report.
+    `on_progress(tasks done, tasks)` is called after each task's group.
     """
     from runtime.oracle import OraclePolicy
     from runtime.store import TrajectoryStore
@@ -131,12 +133,15 @@ async def write_demos(
     partial.unlink(missing_ok=True)
     policy = OraclePolicy(style=style or "auto")
     failures: list[str] = []
-    counts = {"episodes": 0, "kept": 0, "turns": 0}
+    counts = {"episodes": 0, "kept": 0, "turns": 0, "groups": 0}
     with TrajectoryStore(partial) as store:
 
         async def keep(group: TrajectoryGroup) -> None:
             good = [t for t in group.trajectories if t.reward > 0]
             counts["episodes"] += len(group.trajectories)
+            counts["groups"] += 1
+            if on_progress is not None:
+                on_progress(counts["groups"], len(tasks))
             for bad in group.trajectories:
                 if bad.reward <= 0:
                     failures.append(f"task {bad.task_id} ({bad.episode_id}): {bad.status}")

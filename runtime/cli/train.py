@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
 from runtime.config import Config, load_config
+from runtime.logs import configure_logging
 
 __all__ = ["register"]
 
@@ -51,7 +53,7 @@ def _config(args: argparse.Namespace) -> Config:
     return msgspec.structs.replace(config, daemon=daemon)
 
 
-def _run(config: Config, *, training: bool, api: bool) -> int:
+def _run(config: Config, *, training: bool, api: bool, level: str = "info") -> int:
     from runtime.daemon import Daemon
     from runtime.guard import endpoint_token
     from sites.webarena import urls_from_environ
@@ -80,14 +82,23 @@ def _run(config: Config, *, training: bool, api: bool) -> int:
             await daemon.run()
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend="asyncio")
+    if not sys.stdout.isatty():
+        anyio.run(main, backend="asyncio")
+        return 0
+    # The live view owns the terminal: log lines go to the run directory's log file.
+    log_path = Path(config.daemon.run_dir) / "webagent.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"webagent: logging to {log_path}", file=sys.stderr)
+    with log_path.open("a", encoding="utf-8") as log_file:
+        configure_logging(format="json", level=level, stream=log_file)
+        anyio.run(main, backend="asyncio")
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    return _run(_config(args), training=True, api=not args.no_api)
+    return _run(_config(args), training=True, api=not args.no_api, level=args.log_level)
 
 
 def _serve(args: argparse.Namespace) -> int:
     config = _config(args)
-    return _run(config, training=config.learner.enabled, api=True)
+    return _run(config, training=config.learner.enabled, api=True, level=args.log_level)

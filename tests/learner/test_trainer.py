@@ -31,6 +31,9 @@ CONFIG = LearnerConfig(
     lora_alpha=8,
     learning_rate=1e-2,
     micro_batch_tokens=64,
+    # the update recomputes old log-probs (ratio 1 before the step; the groups here carry
+    # made-up server log-probs)
+    recompute_logprobs=True,
 )
 
 

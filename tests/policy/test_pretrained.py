@@ -51,7 +51,7 @@ def test_a_missing_wheel_names_the_install_command() -> None:
 def test_conversion_writes_a_plain_folder_with_a_manifest(smollm2: Path, tmp_path: Path) -> None:
     names = {p.name for p in smollm2.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", INFO_FILE} <= names
-    assert not any(n.startswith(".") for n in smollm2.parent.iterdir())  # no temp dir left
+    assert not any(p.name.startswith(".") for p in smollm2.parent.iterdir())  # no temp dir left
     info = msgspec.json.decode((smollm2 / INFO_FILE).read_bytes(), type=PretrainedInfo)
     # the manifest's digest is the wheel's own record of the file (RECORD, urlsafe base64)
     record = next(f for f in importlib.metadata.distribution(WHEEL).files or () if
