@@ -224,6 +224,39 @@ def test_a_stop_request_abandons_bc_and_writes_nothing(
     assert [p.name for p in tmp_path.iterdir()] == []  # no temporary folder left either
 
 
+def test_each_step_reports_its_progress(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    """`on_step` sees every step in order, the held-out accuracy once evaluated, and the
+    time left by `max_steps`; the bootstrap's line shows the same."""
+    import math
+
+    from learner.bc import BCProgress
+    from runtime.bootstrap import BootstrapProgress
+
+    seen: list[BCProgress] = []
+    behaviour_clone(
+        command_task.demos(4, 1.0, 0),
+        base_model=command_model_dir,
+        out=tmp_path / "bc",
+        config=BCConfig(max_steps=4, max_minutes=0, batch_size=4, eval_every_steps=2,
+                        eval_examples=4),
+        on_step=seen.append,
+    )  # fmt: skip
+    assert [p.step for p in seen] == [1, 2, 3, 4]
+    assert math.isnan(seen[0].heldout_accuracy) and math.isnan(seen[1].heldout_accuracy)
+    assert not math.isnan(seen[2].heldout_accuracy)  # evaluated after step 2
+    assert seen[-1].left_s == 0.0 and all(p.left_s is not None for p in seen)
+    line = BootstrapProgress()
+    line.enter("behaviour cloning")
+    line.bc_step(seen[0])
+    assert line.describe().startswith("behaviour cloning: step 1, loss ")
+    assert "held-out turns right -" in line.describe() and "min left" in line.describe()
+    line.enter("recording the oracle's demonstrations")
+    line.demos(5, 20)
+    assert line.describe().startswith("recording the oracle's demonstrations: 5/20 tasks, ")
+
+
 def test_cli(
     tmp_path: Path,
     command_task: Any,
