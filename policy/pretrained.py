@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
-import shutil
 from pathlib import Path
 
 import msgspec
 
 from policy.errors import ModelFilesError
 from policy.profile import PRETRAINED_INFO_FILE, SMOLLM2_HUB_ID, SMOLLM2_PROFILE, ModelProfile
-from policy.tiny import fsync_tree
+from policy.tiny import write_folder
 
 __all__ = [
     "HUB_ID",
@@ -139,17 +137,11 @@ def convert_gguf(
         parameters=sum(p.numel() for p in model.parameters()),
         versions=_versions(),
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / INFO_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
-        fsync_tree(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_folder(target, write)
     return info

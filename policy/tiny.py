@@ -17,7 +17,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -42,11 +42,11 @@ __all__ = [
     "TinyModelSpec",
     "TokenizerRecipe",
     "base_corpus",
-    "fsync_tree",
     "is_tiny_model",
     "make_tiny_model",
     "model_profile",
     "train_tokenizer",
+    "write_folder",
 ]
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -293,9 +293,6 @@ def make_tiny_model(
     )
     parameters = sum(p.numel() for p in model.parameters())
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     info = TinyModelInfo(
         path=str(target),
         seed=seed,
@@ -305,18 +302,31 @@ def make_tiny_model(
         spec=spec,
         recipe=recipe,
     )
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         hf_tokenizer.save_pretrained(tmp)
         _put_template_in_tokenizer_config(tmp)
         (tmp / INFO_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
-        fsync_tree(tmp)
+
+    write_folder(target, write)
+    return info
+
+
+def write_folder(target: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temporary folder beside `target`; it is fsynced and renamed to
+    `target` (replacing it), so `target` appears whole or not at all."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
-    return info
 
 
 def _put_template_in_tokenizer_config(folder: Path) -> None:
@@ -329,7 +339,7 @@ def _put_template_in_tokenizer_config(folder: Path) -> None:
     (folder / "chat_template.jinja").unlink(missing_ok=True)
 
 
-def fsync_tree(folder: Path) -> None:
+def _fsync_tree(folder: Path) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file():
             with path.open("rb") as handle:

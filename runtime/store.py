@@ -144,6 +144,16 @@ def _fsync_dir(path: Path) -> None:
 def iter_groups(run_or_file: str | Path) -> Iterator[TrajectoryGroup]:
     """Every group of a store, oldest first; a torn last line is skipped and reported."""
     path = store_path(run_or_file)
+    for number, line in _lines(path, warn_torn=True):
+        try:
+            yield decode_group(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+
+
+def _lines(path: Path, *, warn_torn: bool = False) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of every complete, non-blank line of the store at `path`; a
+    torn last line (no newline) ends it."""
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -151,14 +161,13 @@ def iter_groups(run_or_file: str | Path) -> Iterator[TrajectoryGroup]:
     with handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith(b"\n"):
-                log.warning("store.torn_tail_skipped", path=str(path), line=number, bytes=len(line))
+                if warn_torn:
+                    log.warning(
+                        "store.torn_tail_skipped", path=str(path), line=number, bytes=len(line)
+                    )
                 return
-            if not line.strip():
-                continue
-            try:
-                yield decode_group(line)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+            if line.strip():
+                yield number, line
 
 
 class _GroupId(msgspec.Struct):
@@ -172,20 +181,11 @@ def iter_group_ids(run_or_file: str | Path) -> Iterator[str]:
     """The group id of every stored line, oldest first (a torn last line is skipped);
     only the id is decoded, so this is cheap on a long run's store."""
     path = store_path(run_or_file)
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.endswith(b"\n"):
-                return
-            if not line.strip():
-                continue
-            try:
-                yield _id_decoder.decode(line).group_id
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+    for number, line in _lines(path):
+        try:
+            yield _id_decoder.decode(line).group_id
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
 
 
 def read_groups(run_or_file: str | Path, group_ids: Iterable[str]) -> list[TrajectoryGroup]:
@@ -193,20 +193,13 @@ def read_groups(run_or_file: str | Path, group_ids: Iterable[str]) -> list[Traje
     wanted = set(group_ids)
     path = store_path(run_or_file)
     found: list[TrajectoryGroup] = []
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.endswith(b"\n") or not line.strip():
+    for number, line in _lines(path):
+        try:
+            if _id_decoder.decode(line).group_id not in wanted:
                 continue
-            try:
-                if _id_decoder.decode(line).group_id not in wanted:
-                    continue
-                found.append(decode_group(line))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
+            found.append(decode_group(line))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
     return found
 
 
