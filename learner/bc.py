@@ -35,6 +35,7 @@ serves and `learner.trainer` starts from. Stops at `max_steps`, `max_minutes`, h
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -42,6 +43,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -50,7 +52,7 @@ import structlog
 
 from learner.batch import MicroBatch, TurnSample, collate, micro_batches
 from learner.demos import BCExample, demo_examples, read_demos, split_heldout
-from learner.engine import lr_factor, resolve_device
+from learner.engine import compute_autocast, lr_factor, resolve_device
 from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora, fsync_dir, fsync_tree
 from learner.loss import token_logprobs, triple_mean_weights
@@ -235,7 +237,13 @@ class _Scores(NamedTuple):
 
 
 def _accuracy(
-    model: Any, examples: Sequence[BCExample], budget: int, pad_id: int, device: str
+    model: Any,
+    examples: Sequence[BCExample],
+    budget: int,
+    pad_id: int,
+    device: str,
+    *,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> _Scores:
     """Teacher-forced exact match against the argmax: of the action tokens, and of every
     completion token (`_Scores`)."""
@@ -247,7 +255,7 @@ def _accuracy(
     action_hits: list[tuple[str, bool]] = []
     whole_hits: list[tuple[str, bool]] = []
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
             mb = collate(mb_samples, pad_id=pad_id).to(device)
             hit = _forward(model, mb).argmax(-1) == mb.targets
@@ -300,9 +308,11 @@ def _bc_step(
     pad_id: int,
     device: str,
     prompt_loss: float = 0.0,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> tuple[float, int]:
-    """One optimizer step on a minibatch (`prompt_loss`: the resolved `bc.prompt_loss`);
-    returns (loss, tokens forwarded: prompt and completion, padding excluded)."""
+    """One optimizer step on a minibatch (`prompt_loss`: the resolved `bc.prompt_loss`;
+    forward passes inside `autocast()`); returns (loss, tokens forwarded: prompt and
+    completion, padding excluded)."""
     import torch
 
     model.train()
@@ -312,13 +322,14 @@ def _bc_step(
     prompt_tokens = sum(len(e.prompt_ids) - 1 for e in batch)
     for mb_samples in micro_batches(_samples(batch, scoring=False), cfg.micro_batch_tokens):
         mb = collate(mb_samples, pad_id=pad_id).to(device)
-        if prompt_loss > 0 and prompt_tokens > 0:
-            completions = [len(s.completion_ids) for s in mb_samples]
-            logp, prompt_sum = _prompt_logprob_sum(model, mb, completions)
-            loss = -(mb.weights * logp).sum() - prompt_loss * prompt_sum / prompt_tokens
-        else:
-            logp = token_logprobs(_forward(model, mb), mb.targets)
-            loss = -(mb.weights * logp).sum()
+        with autocast():
+            if prompt_loss > 0 and prompt_tokens > 0:
+                completions = [len(s.completion_ids) for s in mb_samples]
+                logp, prompt_sum = _prompt_logprob_sum(model, mb, completions)
+                loss = -(mb.weights * logp).sum() - prompt_loss * prompt_sum / prompt_tokens
+            else:
+                logp = token_logprobs(_forward(model, mb), mb.targets)
+                loss = -(mb.weights * logp).sum()
         loss.backward()
         total += float(loss.item())
         tokens += int(mb.attention_mask.sum())
@@ -413,6 +424,10 @@ def _train(
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
+
+    def autocast() -> AbstractContextManager[Any]:
+        return compute_autocast(lora.compute_dtype, device)
+
     model: Any = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     pad = model.config.pad_token_id
     pad_id = int(pad) if isinstance(pad, int) else 0
@@ -445,8 +460,8 @@ def _train(
     def evaluate() -> BCEval:
         success = None if evaluate_success is None else float(evaluate_success(model.eval()))
         budget = config.micro_batch_tokens
-        train_scores = _accuracy(model, train_eval, budget, pad_id, device)
-        held_scores = _accuracy(model, held_eval, budget, pad_id, device)
+        train_scores = _accuracy(model, train_eval, budget, pad_id, device, autocast=autocast)
+        held_scores = _accuracy(model, held_eval, budget, pad_id, device, autocast=autocast)
         point = BCEval(
             step=step,
             wall_s=time.monotonic() - started,
@@ -483,7 +498,14 @@ def _train(
         batch, order = order[: config.batch_size], order[config.batch_size :]
         tick = time.monotonic()
         loss, n = _bc_step(
-            model, optimizer, batch, config, pad_id=pad_id, device=device, prompt_loss=prompt_loss
+            model,
+            optimizer,
+            batch,
+            config,
+            pad_id=pad_id,
+            device=device,
+            prompt_loss=prompt_loss,
+            autocast=autocast,
         )
         train_s += time.monotonic() - tick
         scheduler.step()

@@ -22,15 +22,18 @@ Log-probs are computed from logits divided by the rollouts' sampling `temperatur
 they are those of the distribution the server sampled from (vLLM's processed logprobs);
 top-p truncation is not reproduced (with top_p < 1 the server's log-probs are of the
 truncated distribution: recompute them).
-The model is trained in float32; `torch_threads` is applied in every calling thread.
+The model and optimizer are float32, its products bfloat16 where `learner.compute_dtype`
+says so (`compute_autocast`); `torch_threads` is applied in every calling thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,7 @@ from learner.loss import group_advantages, mgrpo_loss
 from runtime.config import LearnerConfig
 from runtime.messages import TrajectoryGroup
 
-__all__ = ["Engine", "UpdateResult", "lr_factor", "resolve_device"]
+__all__ = ["Engine", "UpdateResult", "compute_autocast", "lr_factor", "resolve_device"]
 
 
 def resolve_device(device: str) -> str:
@@ -60,6 +63,28 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def compute_autocast(setting: str, device: str) -> AbstractContextManager[Any]:
+    """The context the learner's forward (and so backward) passes run in, for
+    `learner.compute_dtype` on `device`: bfloat16 autocast, or nothing (float32).
+
+    "auto" takes bfloat16 where the hardware multiplies it natively: a CUDA GPU that
+    supports it, or a CPU whose oneDNN has bfloat16 kernels (AVX512-BF16 or AMX); on an
+    older CPU bfloat16 is emulated and slower than float32.
+    """
+    import torch
+
+    if setting == "auto":
+        if device == "cuda":
+            use = torch.cuda.is_bf16_supported()
+        else:
+            use = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    else:
+        use = setting == "bfloat16"
+    if not use:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
 
 def lr_factor(step: int, *, warmup: int, schedule: str, total: int) -> float:
@@ -164,6 +189,9 @@ class Engine:
             self._restore(saved)
         assert self.state is not None
         return self.state
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return compute_autocast(self.config.compute_dtype, self._device)
 
     def _set_threads(self) -> None:
         """Apply `torch_threads` to the calling thread: OpenMP's thread count is per
@@ -271,8 +299,10 @@ class Engine:
         for _ in range(cfg.optimizer_steps):
             self._optimizer.zero_grad(set_to_none=True)
             for mb, old_lp, ref_lp in zip(batches, old, ref, strict=True):
+                with self._autocast():
+                    logp = policy_logprobs(model, mb, temperature=self.temperature)
                 parts = mgrpo_loss(
-                    policy_logprobs(model, mb, temperature=self.temperature),
+                    logp.float(),
                     old_lp,
                     mb.advantages,
                     mb.weights,
@@ -346,9 +376,9 @@ class Engine:
                     )
             return [mb.old_logprobs for mb in batches]
         self._model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             return [
-                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
+                policy_logprobs(self._model, mb, temperature=self.temperature).detach().float()
                 for mb in batches
             ]
 
@@ -356,8 +386,8 @@ class Engine:
         import torch
 
         self._model.eval()
-        with torch.no_grad(), self._model.disable_adapter():
+        with torch.no_grad(), self._model.disable_adapter(), self._autocast():
             return [
-                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
+                policy_logprobs(self._model, mb, temperature=self.temperature).detach().float()
                 for mb in batches
             ]

@@ -178,3 +178,19 @@ def test_fingerprint_tracks_weights_cheaply_for_big_files(
     assert len({first, second, base_fingerprint(big)}) == 3
     with pytest.raises(AdapterError, match="no weight files"):
         base_fingerprint(tmp_path)
+
+
+@pytest.mark.parametrize("setting", ["float32", "bfloat16", "auto"])
+def test_compute_autocast_sets_the_dtype_of_matrix_products(setting: str) -> None:
+    """`learner.compute_dtype`: float32 leaves products alone, bfloat16 autocasts them,
+    "auto" takes bfloat16 exactly where the CPU has native bfloat16 kernels."""
+    import torch
+
+    from learner.engine import compute_autocast
+
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    want = {"float32": False, "bfloat16": True, "auto": native}[setting]
+    a = torch.ones(4, 4)
+    with compute_autocast(setting, "cpu"):
+        product = a @ a
+    assert product.dtype == (torch.bfloat16 if want else torch.float32)
