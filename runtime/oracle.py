@@ -4,7 +4,10 @@ For each episode it follows `plan_for(task)` (the built-in sites' scripted solut
 list of `OracleStep`s). Each step names its target element by tag, visible text and
 attributes (`ElementQuery`), never by id: the oracle reads the ids from the observation
 in the last user message, exactly the text the model gets (`parse_elements`), and
-replies like a model would: `<think>{thought}</think><answer>{action}</answer>`.
+replies like a model would: `<think>{thought}</think><answer>{action}</answer>`. A thought
+that acts on an element ends by naming it as the page shows it, without its id ("Open the
+merge request (link Refactor: install guide)."), so that the action is a look-up of the
+element the thought chose: the demonstrations teach the choice in words, and the id follows.
 
 When a step's target is not in the observation but the page was cut by the token
 budget (or scrolled), the oracle scrolls towards it first. When it cannot find the target
@@ -53,6 +56,9 @@ def _plan_for_builtin(task: TaskConfig) -> list[OracleStep]:
 
 
 _HTML_ELEMENT = re.compile(r'<[a-z][a-z0-9]*\b[^>]*\bid="\d+"')
+# A compact element line before its " [id]": an optional list/heading marker, a kind word.
+_COMPACT_LINE = re.compile(r"^(?:(?:#{1,6}|-|\|) )?[A-Za-z][\w-]*(?: |$)")
+_COMPACT_MARKER = re.compile(r"^(?:#{1,6}|-|\|) ")
 
 
 class OraclePolicy:
@@ -108,7 +114,30 @@ class OraclePolicy:
             element = found.id
         state.step += 1
         state.scrolls = 0
-        return step.thought or _default_thought(step), _action(step, element)
+        thought = step.thought or _default_thought(step)
+        if element is not None:
+            thought = _naming(thought, _shown_as(observation, element, found))
+        return thought, _action(step, element)
+
+
+def _naming(thought: str, name: str) -> str:
+    """`thought` with the element it acts on named last: "Open it." -> "Open it (link X)."."""
+    stem = thought.rstrip()
+    end = stem[-1] if stem and stem[-1] in ".!?" else "."
+    return f"{stem.rstrip('.!?')} ({name}){end}"
+
+
+def _shown_as(observation: str, element: int, found: Element | None) -> str:
+    """The element as the observation shows it, without its id: the compact line ("link
+    Refactor: install guide"), or the tag and text of an html element ("a Refactor")."""
+    marker = f" [{element}]"
+    for line in observation.splitlines():
+        head, sep, _ = line.partition(marker)
+        if sep and _COMPACT_LINE.match(head):
+            return _COMPACT_MARKER.sub("", head, count=1).strip()
+    if found is None:
+        return f"element {element}"
+    return f"{found.tag} {found.text}".strip()
 
 
 def _action(step: OracleStep, element: int | None) -> Action:

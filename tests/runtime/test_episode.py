@@ -146,7 +146,9 @@ async def test_a_solved_episode_records_every_turn_exactly(pool: BrowserPool, we
     assert trajectory.evaluation is not None
     assert [c.passed for c in trajectory.evaluation.checks] == [True, True, True]
     assert len(trajectory.turns) == 4
-    assert trajectory.turns[1].thought == "Pick the size."
+    # The plan's thought, naming the element acted on as the page shows it.
+    thought = trajectory.turns[1].thought
+    assert thought.startswith("Pick the size (select") and thought.endswith(").")
     assert trajectory.turns[-1].action is not None and trajectory.turns[-1].action.kind == "exit"
     assert trajectory.turns[-1].url.startswith(web("/result?q=blue"))
     # The messages sent are exactly those rebuilt from the recorded turns.
