@@ -162,18 +162,25 @@ class BrowserPool:
             if self._playwright is None:
                 raise BrowserError("the browser pool is not started (use `async with`)")
             args = [*CHROMIUM_ARGS, *self.config.extra_args]
-            with playwright_errors("launch Chromium"):
-                # Chromium runs in its own process group; with these off, a Ctrl-C or
-                # SIGTERM to our process group does not close it under running episodes:
-                # the daemon drains them and closes the browser itself.
-                browser = await self._playwright.chromium.launch(
-                    executable_path=find_chromium(self.config.executable_path),
-                    args=args,
-                    headless=self.config.headless,
-                    handle_sigint=False,
-                    handle_sigterm=False,
-                    handle_sighup=False,
-                )
+            try:
+                with playwright_errors("launch Chromium"):
+                    # Chromium runs in its own process group; with these off, a Ctrl-C or
+                    # SIGTERM to our process group does not close it under running episodes:
+                    # the daemon drains them and closes the browser itself.
+                    browser = await self._playwright.chromium.launch(
+                        executable_path=find_chromium(self.config.executable_path),
+                        args=args,
+                        headless=self.config.headless,
+                        handle_sigint=False,
+                        handle_sigterm=False,
+                        handle_sighup=False,
+                    )
+            except BrowserError as exc:
+                # A browser that dies while it starts never connects, so it never
+                # disconnects either: the failed launch is the fault (the next episode
+                # launches again).
+                self._fault(f"Chromium failed to launch: {exc}")
+                raise
             browser.on("disconnected", self._on_disconnected)
             self._browser = browser
             self._gone = anyio.Event()
@@ -187,15 +194,13 @@ class BrowserPool:
             self._gone.set()
             self._crashes += 1
             log.warning("browser.disconnected", crashes=self._crashes)
-            if self.on_event is not None:
-                self.on_event(
-                    Fault(
-                        at=time.time(),
-                        kind="browser",
-                        message="Chromium disconnected; it is relaunched for the next episode",
-                        where="runtime.browser",
-                    )
-                )
+            self._fault("Chromium disconnected; it is relaunched for the next episode")
+
+    def _fault(self, message: str) -> None:
+        if self.on_event is not None:
+            self.on_event(
+                Fault(at=time.time(), kind="browser", message=message, where="runtime.browser")
+            )
 
     @asynccontextmanager
     async def session(
