@@ -366,6 +366,11 @@ class Soak:
             "orphans": self.orphans,
             "pss_growth_mib": None if growth is None else growth / 2**20,
             "pss_samples_longest_run": len(longest.pss),
+            # (seconds since that run's start, PSS MiB) every ~10 s: a step at the first
+            # update or a vLLM restart reads differently from a steady climb.
+            "pss_series_longest_run": [
+                (round(t - longest.started), round(p / 2**20)) for t, p in longest.pss
+            ],
             "updates": len(_log_lines(self.log, "learner.update")),
             "fault_events": dict(
                 Counter(e["kind"] for e in _events(self.run_dir) if e["event"] == "Fault")
