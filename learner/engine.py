@@ -302,7 +302,7 @@ class Engine:
                 with self._autocast():
                     logp = policy_logprobs(model, mb, temperature=self.temperature)
                 parts = mgrpo_loss(
-                    logp.float(),
+                    logp,
                     old_lp,
                     mb.advantages,
                     mb.weights,
@@ -378,7 +378,7 @@ class Engine:
         self._model.eval()
         with torch.no_grad(), self._autocast():
             return [
-                policy_logprobs(self._model, mb, temperature=self.temperature).detach().float()
+                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
                 for mb in batches
             ]
 
@@ -388,6 +388,6 @@ class Engine:
         self._model.eval()
         with torch.no_grad(), self._model.disable_adapter(), self._autocast():
             return [
-                policy_logprobs(self._model, mb, temperature=self.temperature).detach().float()
+                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
                 for mb in batches
             ]

@@ -32,7 +32,7 @@ from runtime.messages import (
     TaskConfig,
 )
 from runtime.observation import Element
-from runtime.reading import parse_elements
+from runtime.reading import compact_shown_as, parse_elements
 
 __all__ = ["OraclePolicy", "resolve"]
 
@@ -56,9 +56,6 @@ def _plan_for_builtin(task: TaskConfig) -> list[OracleStep]:
 
 
 _HTML_ELEMENT = re.compile(r'<[a-z][a-z0-9]*\b[^>]*\bid="\d+"')
-# A compact element line before its " [id]": an optional list/heading marker, a kind word.
-_COMPACT_LINE = re.compile(r"^(?:(?:#{1,6}|-|\|) )?[A-Za-z][\w-]*(?: |$)")
-_COMPACT_MARKER = re.compile(r"^(?:#{1,6}|-|\|) ")
 
 
 class OraclePolicy:
@@ -130,11 +127,9 @@ def _naming(thought: str, name: str) -> str:
 def _shown_as(observation: str, element: int, found: Element | None) -> str:
     """The element as the observation shows it, without its id: the compact line ("link
     Refactor: install guide"), or the tag and text of an html element ("a Refactor")."""
-    marker = f" [{element}]"
-    for line in observation.splitlines():
-        head, sep, _ = line.partition(marker)
-        if sep and _COMPACT_LINE.match(head):
-            return _COMPACT_MARKER.sub("", head, count=1).strip()
+    shown = compact_shown_as(observation, element)
+    if shown is not None:
+        return shown
     if found is None:
         return f"element {element}"
     return f"{found.tag} {found.text}".strip()

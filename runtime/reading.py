@@ -12,7 +12,7 @@ from typing import Final
 
 from runtime.observation import FIELD_KINDS, VOID_TAGS, Element
 
-__all__ = ["parse_elements"]
+__all__ = ["compact_shown_as", "parse_elements"]
 
 
 class _ElementParser(HTMLParser):
@@ -90,6 +90,17 @@ _COMPACT_FIELD: Final = re.compile(
 _TAG_OF_KIND: Final = {"link": "a", "checkbox": "input", "radio": "input", "submit": "input"}
 # A list item's or heading's marker before its first element: "- link Examples [6]".
 _COMPACT_MARKER: Final = re.compile(r"^(?:#{1,6}|-|\|) ")
+
+
+def compact_shown_as(text: str, element: int) -> str | None:
+    """How a compact observation shows element `element`, without its id and list or
+    heading marker ("link Refactor: install guide", 'textbox q "Search"'); None when no
+    line of `text` is that element."""
+    for line in text.splitlines():
+        match = _COMPACT_ELEMENT.match(_COMPACT_MARKER.sub("", line, count=1))
+        if match is not None and int(match["id"]) == element:
+            return f"{match['kind']} {match['body'] or ''}".strip()
+    return None
 
 
 def _parse_compact(text: str) -> list[Element]:
