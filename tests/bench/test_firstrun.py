@@ -1,0 +1,68 @@
+"""bench/firstrun.py: stages told apart by the run's own log events, PSS split by part."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+from bench import firstrun
+
+
+def _line(event: str, **fields: object) -> str:
+    return json.dumps({"event": event, "level": "info", **fields}) + "\n"
+
+
+def test_log_events_open_stages_in_order_and_later_updates_do_not() -> None:
+    watch = firstrun.Watch(started=time.monotonic())
+    watch.enter("venv and Chromium (make setup)", watch.started)
+    stream = io.StringIO(
+        "pip install ...\n"  # make's own lines are copied to the log, not parsed
+        + _line("bootstrap.base_model", out="x")
+        + _line("bootstrap.base_model_done", name="SmolLM2")  # no stage of its own
+        + _line("bootstrap.demos", tasks=500)
+        + "{not json\n"
+        + _line("bootstrap.bc")
+        + _line("bootstrap.bc_done", steps=140)
+        + _line("daemon.learner_ready", version=0)
+        + _line("learner.update", version=1)
+        + _line("learner.update", version=2)
+    )
+    log = io.StringIO()
+    firstrun._read(stream, watch, log)
+    assert [s.name for s in watch.stages] == [
+        "venv and Chromium (make setup)",
+        "convert SmolLM2",
+        "demonstrations",
+        "behaviour cloning",
+        "vLLM start, learner load",
+        "rollouts to the first update",
+        "after the first update",
+    ]
+    assert watch.updates == 2
+    assert log.getvalue() == stream.getvalue()  # every line is kept
+
+
+def test_sample_splits_the_tree_by_part_and_keeps_each_stage_peak() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(30)"]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        watch = firstrun.Watch(started=time.monotonic())
+        watch.enter("one", watch.started)
+        while time.monotonic() < deadline:
+            watch.sample(os.getpid())
+            if watch.stages[0].peak["daemon"] > 64 << 20:
+                break
+            time.sleep(0.1)
+        peak = watch.stages[0].peak
+        assert peak["daemon"] > 64 << 20  # this process and the child's 64 MiB
+        assert peak["vllm"] == 0 and peak["chromium"] == 0
+        assert peak["total"] == peak["daemon"]
+    finally:
+        child.kill()
+        child.wait()
