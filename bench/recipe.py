@@ -37,7 +37,7 @@ import msgspec
 from bench.common import LoadSampler, format_table, load_note, tiny_model, write_result
 from policy.profile import model_profile
 from policy.prompt import system_prompt
-from runtime.config import BCConfig, Config, LearnerConfig, ObservationConfig
+from runtime.config import BCConfig, Config, LearnerConfig, ObservationConfig, SchedulerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,6 +98,7 @@ def rollouts(
     split: str = "test",
     style: str = "auto",
     prompt: str = "auto",
+    keep_thoughts: bool = True,
 ) -> dict[str, Any]:
     """`webagent eval --policy model` on `split`; success overall and on 1-3 step tasks."""
     run = out / "cache" / f"recipe-eval-{split}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -107,6 +108,7 @@ def rollouts(
         f'[policy]\nmodel = "{model}"\ntemperature = 0.0\nmax_tokens = 96\n'
         f'max_model_len = 4096\nsystem_prompt = "{prompt}"\n'
         f'[observation]\nstyle = "{style}"\n[daemon]\nrun_dir = "{run}"\n'
+        f"[scheduler]\nkeep_thoughts = {str(keep_thoughts).lower()}\n"
     )
     started = time.monotonic()
     done = subprocess.run(
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="LoRA on the top N layers only (0: all)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=BCConfig().learning_rate)
     parser.add_argument("--batch", type=int, default=BCConfig().batch_size)
+    parser.add_argument("--keep-thoughts", action=argparse.BooleanOptionalAction,
+                        default=SchedulerConfig().keep_thoughts,
+                        help="keep earlier thoughts in the compressed history")  # fmt: skip
     parser.add_argument("--rollout-tasks", type=int, default=219)
     parser.add_argument("--ood-tasks", type=int, default=120)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -197,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = _steps_by_task(test)
     lm = "" if args.prompt_loss == "auto" else f"lm{args.prompt_loss:g}-"
     name = args.model if args.model in ("smollm2", "tiny") else Path(args.model).name
-    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{args.seed}"
+    kt = "" if args.keep_thoughts else "actions-"
+    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{kt}{args.seed}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every,
@@ -208,14 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     with LoadSampler(interval_s=5.0) as load:
         report = behaviour_clone(
             train, base_model=base, out=bc_dir, config=config, lora=lora, heldout=test,
-            system_prompt=system_prompt(prompt), overwrite=True,
+            system_prompt=system_prompt(prompt), keep_thoughts=args.keep_thoughts, overwrite=True,
         )  # fmt: skip
         closed = {}
         for split, n in (("test", args.rollout_tasks), ("ood", args.ood_tasks)):
             if n:
                 closed[split] = rollouts(
                     out, bc_dir, n, steps if split == "test" else {}, split=split,
-                    style=style, prompt=prompt,
+                    style=style, prompt=prompt, keep_thoughts=args.keep_thoughts,
                 )  # fmt: skip
     history = [msgspec.structs.asdict(h) for h in report.history]
     stamp = time.strftime("%Y%m%d-%H%M%S")

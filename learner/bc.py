@@ -347,7 +347,7 @@ def behaviour_clone(
     config: BCConfig = BCConfig(),
     lora: LearnerConfig = LearnerConfig(),
     heldout: str | Path | Sequence[TrajectoryGroup] | None = None,
-    keep_thoughts: bool = False,
+    keep_thoughts: bool = True,
     system_prompt: str | None = None,
     evaluate_success: Callable[[Any], float] | None = None,
     overwrite: bool = False,

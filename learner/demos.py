@@ -71,7 +71,7 @@ def demo_examples(
     groups: Sequence[TrajectoryGroup],
     renderer: PromptRenderer,
     *,
-    keep_thoughts: bool = False,
+    keep_thoughts: bool = True,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> list[BCExample]:
     """Every turn of every successful trajectory, rendered as rollouts render it."""

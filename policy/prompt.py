@@ -5,8 +5,8 @@ and of the learner's samples, and `PromptRenderer` turns them into token ids wit
 model's own chat template, so a turn is rendered identically everywhere.
 
 Dynamic context compression (WebAgent-R1): turn t sees the system prompt, the task, every
-earlier turn with its observation replaced by `** Simplified html **` and its action kept
-(its thought too when `keep_thoughts`), then the full current observation.
+earlier turn with its observation replaced by `** Simplified html **` and its reply kept
+(its thought stripped unless `keep_thoughts`), then the full current observation.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def build_messages(
     history: Sequence[str],
     observation: str,
     *,
-    keep_thoughts: bool = False,
+    keep_thoughts: bool = True,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> list[ChatMessage]:
     """The messages of the turn after `history` (earlier completions, oldest first).
@@ -132,7 +132,7 @@ def episode_messages(
     intent: str,
     turns: Sequence[Turn],
     *,
-    keep_thoughts: bool = False,
+    keep_thoughts: bool = True,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> list[list[ChatMessage]]:
     """The messages each recorded turn was sent, rebuilt from the record alone."""

@@ -228,8 +228,12 @@ class SchedulerConfig(_Section, frozen=True):
     max_turns: Positive = 15
     max_parse_failures: Positive = 5
     max_repeats: Positive = 5
-    # Keep earlier thoughts in the compressed history (actions always stay).
-    keep_thoughts: bool = False
+    # Keep earlier thoughts in the compressed history (actions always stay). The named
+    # thoughts say what each earlier step did ("Open the issues (link Issues [5])."), which
+    # a bare action does not: SmolLM2 after 30 minutes of BC, held-out turns answered
+    # free-running, exits right 20 of 45 with thoughts against 4 of 45 without; closed loop
+    # 5 of 40 test tasks against 0 of 19 (bench.recipe --keep-thoughts / --no-keep-thoughts).
+    keep_thoughts: bool = True
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
     seed: int = 0

@@ -78,7 +78,7 @@ class EpisodeSettings:
     max_turns: int = 15
     max_parse_failures: int = 5
     max_repeats: int = 5
-    keep_thoughts: bool = False
+    keep_thoughts: bool = True
     observation: ObservationConfig = field(default_factory=lambda: ObservationConfig(style="html"))
     system_prompt: str = SYSTEM_PROMPT
     policy_timeout_s: float = 300.0

@@ -27,7 +27,7 @@ def _count(messages: Sequence[ChatMessage], count_tokens: TokenCounter) -> int:
 def prompt_tokens(
     trajectory: Trajectory,
     *,
-    keep_thoughts: bool = False,
+    keep_thoughts: bool = True,
     count_tokens: TokenCounter = estimate_tokens,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> tuple[int, int]:
@@ -98,7 +98,7 @@ def summarize(
     *,
     tasks: Mapping[int, TaskConfig] | None = None,
     seconds: float = 0.0,
-    keep_thoughts: bool = False,
+    keep_thoughts: bool = True,
     count_tokens: TokenCounter = estimate_tokens,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> RolloutSummary:

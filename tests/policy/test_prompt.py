@@ -15,7 +15,7 @@ def test_earlier_observations_compressed_actions_kept() -> None:
         '<think>find lamps</think><answer>do(action="Click", element="1")</answer>',
         '<think>open it</think>\n<answer>do(action="Click", element="7")</answer>',
     ]
-    msgs = build_messages("Buy a lamp", history, "<p>cart</p>")
+    msgs = build_messages("Buy a lamp", history, "<p>cart</p>", keep_thoughts=False)
     assert [m.role for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert msgs[1].content == f"Task: Buy a lamp\n\nRound 0\n{COMPRESSED_OBSERVATION}"
     assert msgs[3].content == f"Round 1\n{COMPRESSED_OBSERVATION}"
@@ -26,10 +26,12 @@ def test_earlier_observations_compressed_actions_kept() -> None:
     assert all("cart" not in m.content for m in msgs[:-1])
 
 
-def test_keep_thoughts() -> None:
+def test_earlier_thoughts_are_kept_by_default() -> None:
     text = "<think>a</think><answer>go_backward()</answer>"
-    msgs = build_messages("t", [text], "o", keep_thoughts=True)
-    assert msgs[2].content == text
+    assert build_messages("t", [text], "o")[2].content == text
+    assert build_messages("t", [text], "o", keep_thoughts=False)[2].content == (
+        "<answer>go_backward()</answer>"
+    )
 
 
 def test_strip_thought_handles_several_and_missing() -> None:
