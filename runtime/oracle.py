@@ -5,9 +5,10 @@ list of `OracleStep`s). Each step names its target element by tag, visible text 
 attributes (`ElementQuery`), never by id: the oracle reads the ids from the observation
 in the last user message, exactly the text the model gets (`parse_elements`), and
 replies like a model would: `<think>{thought}</think><answer>{action}</answer>`. A thought
-that acts on an element ends by naming it as the page shows it, without its id ("Open the
-merge request (link Refactor: install guide)."), so that the action is a look-up of the
-element the thought chose: the demonstrations teach the choice in words, and the id follows.
+that acts on an element ends by naming it as the page shows it, id included ("Open the
+merge request (link Refactor: install guide [13])."): the demonstrations teach the choice
+in words, the id is copied from the page line the thought repeats, and the action copies
+the id from the thought.
 
 When a step's target is not in the observation but the page was cut by the token
 budget (or scrolled), the oracle scrolls towards it first. When it cannot find the target
@@ -118,21 +119,22 @@ class OraclePolicy:
 
 
 def _naming(thought: str, name: str) -> str:
-    """`thought` with the element it acts on named last: "Open it." -> "Open it (link X)."."""
+    """`thought` with the element it acts on named last: "Open it." -> "Open it (link X [3])."."""
     stem = thought.rstrip()
     end = stem[-1] if stem and stem[-1] in ".!?" else "."
     return f"{stem.rstrip('.!?')} ({name}){end}"
 
 
 def _shown_as(observation: str, element: int, found: Element | None) -> str:
-    """The element as the observation shows it, without its id: the compact line ("link
-    Refactor: install guide"), or the tag and text of an html element ("a Refactor")."""
+    """The element as the observation shows it, with its id: the compact line ("link
+    Refactor: install guide [13]"), or the tag and text of an html element ("a Refactor
+    [13]"). Writing the page's own line lets a model copy the id the way it copies any
+    repeated text (the tokens after a repeated prefix), and the action copies it from
+    the thought."""
     shown = compact_shown_as(observation, element)
-    if shown is not None:
-        return shown
-    if found is None:
-        return f"element {element}"
-    return f"{found.tag} {found.text}".strip()
+    if shown is None:
+        shown = "element" if found is None else f"{found.tag} {found.text}".strip()
+    return f"{shown} [{element}]"
 
 
 def _action(step: OracleStep, element: int | None) -> Action:

@@ -146,9 +146,12 @@ async def test_a_solved_episode_records_every_turn_exactly(pool: BrowserPool, we
     assert trajectory.evaluation is not None
     assert [c.passed for c in trajectory.evaluation.checks] == [True, True, True]
     assert len(trajectory.turns) == 4
-    # The plan's thought, naming the element acted on as the page shows it.
+    # The plan's thought, naming the element acted on as the page shows it, id included.
     thought = trajectory.turns[1].thought
-    assert thought.startswith("Pick the size (select") and thought.endswith(").")
+    action = trajectory.turns[1].action
+    assert action is not None and action.element is not None
+    assert thought.startswith("Pick the size (select")
+    assert thought.endswith(f" [{action.element}]).")
     assert trajectory.turns[-1].action is not None and trajectory.turns[-1].action.kind == "exit"
     assert trajectory.turns[-1].url.startswith(web("/result?q=blue"))
     # The messages sent are exactly those rebuilt from the recorded turns.
@@ -269,10 +272,10 @@ def test_observation_settings_come_from_the_config() -> None:
     from runtime.config import Config, SchedulerConfig
 
     config = Config(
-        scheduler=SchedulerConfig(max_turns=7, keep_thoughts=True),
+        scheduler=SchedulerConfig(max_turns=7, keep_thoughts=False),
         observation=ObservationConfig(style="compact"),
     )
     settings = EpisodeSettings.from_config(config, max_turns=3)
     assert settings.max_turns == 3
-    assert settings.keep_thoughts is True
+    assert settings.keep_thoughts is False  # not the default
     assert settings.observation.style == "compact"

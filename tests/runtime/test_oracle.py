@@ -1,5 +1,5 @@
 """The oracle's replies on a compact page: the id read from the page, the thought naming
-the element chosen as the page shows it (so the action is a look-up of what it names)."""
+the element chosen as the page shows it, id included (so the action copies the thought)."""
 
 from __future__ import annotations
 
@@ -47,17 +47,17 @@ async def _replies() -> list[str]:
     [
         (
             0,
-            "<think>Open the merge request (link Refactor: install guide).</think>"
+            "<think>Open the merge request (link Refactor: install guide [13]).</think>"
             '<answer>do(action="Click", element="13")</answer>',
         ),
         (
             1,
-            '<think>Search it (textbox q "Search")!</think>'
+            '<think>Search it (textbox q "Search" [14])!</think>'
             '<answer>do(action="Search", argument="lint", element="14")</answer>',
         ),
         (
             2,
-            "<think>I will click a 'Merge requests' (link Merge requests).</think>"
+            "<think>I will click a 'Merge requests' (link Merge requests [6]).</think>"
             '<answer>do(action="Click", element="6")</answer>',
         ),
         (3, '<think>It targets master.</think><answer>exit(message="master")</answer>'),
