@@ -123,9 +123,6 @@ max_groups_in_flight = 1
 max_episodes_in_flight = 8
 max_turns = 2
 stream_buffer = 0
-# The tiny model was cloned on one-turn episodes; its second turn sees a bare action, as
-# before thoughts were kept by default, so groups with mixed rewards come as often.
-keep_thoughts = false
 [learner]
 batch_groups = 1
 learning_rate = 1e-4
