@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -26,17 +25,19 @@ from typing import Any
 from bench.common import LoadSampler, finish, load_note
 from policy.profile import model_profile
 from policy.prompt import PromptRenderer, episode_messages, strip_thought, system_prompt
+from runtime.actions import parse_completion
 from runtime.config import SchedulerConfig
-
-_KIND = re.compile(r'<answer>\s*(?:do\(action="(?P<do>[^"]+)"|(?P<call>\w+)\()')
+from runtime.errors import ParseError
 
 
 def kind_of(reply: str) -> str:
-    """The action's kind: "Click", "Type", ..., "exit", "go_backward", or "?"."""
-    match = _KIND.search(reply)
-    if match is None:
+    """The action's kind as the runtime parses it: "Click", "Type", ..., "exit",
+    "go_backward", or "?" when the reply has no valid action."""
+    try:
+        action = parse_completion(reply).action
+    except ParseError:
         return "?"
-    return match["do"] or match["call"]
+    return action.name if action.kind == "do" else action.kind
 
 
 def turns_of(demos: Path, model: Path, turns: int, keep_thoughts: bool) -> list[dict[str, Any]]:
