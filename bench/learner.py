@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.learner [--model DIR] [--threads 1] [--repeats 3]
                                       [--lora-layers N] [--recompute]
+                                      [--compute-dtype auto]
                                       [--batch-groups 4] [--group-size 4] [--turns 4]
                                       [--prompt-tokens 600] [--completion-tokens 40]
                                       [--out bench/out]
@@ -20,6 +21,9 @@ and half 0 in every group so that every group carries signal.
   tensors: `model(input_ids, attention_mask)`, a weighted cross-entropy on the completion
   tokens, backward, optimizer step. Nothing else. A no-grad forward over the same tensors
   is timed too: the update's recomputation of old log-probs costs about that.
+  Both run in the same precision (`--compute-dtype`, the learner's `compute_dtype`:
+  bfloat16 autocast where the CPU multiplies bfloat16 natively), so that the ratio is the
+  update's own overhead, not a difference of arithmetic.
 
 Both run with `--threads` torch threads (set explicitly, reported), `--repeats` rounds
 (update, bare, no-grad forward, interleaved so that all see the same load) after one
@@ -33,6 +37,7 @@ import argparse
 import random
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +50,7 @@ from bench.common import (
 )
 from learner.batch import build_samples, collate, micro_batches
 from learner.checkpoint import Ledger
-from learner.engine import Engine
+from learner.engine import Engine, compute_autocast
 from learner.loss import group_advantages
 from runtime.config import LearnerConfig
 from runtime.logs import configure_logging
@@ -122,13 +127,14 @@ def bare_setup(model_dir: Path, config: LearnerConfig, groups: list[TrajectoryGr
     return model, optimizer, batches
 
 
-def bare_step(model: Any, optimizer: Any, batches: list[Any]) -> None:
+def bare_step(model: Any, optimizer: Any, batches: list[Any], compute_dtype: str) -> None:
     import torch
 
     optimizer.zero_grad(set_to_none=True)
     for mb in batches:
         k = mb.completion_width
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        with compute_autocast(compute_dtype, "cpu"):
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         logits = logits[:, -k - 1 : -1, :]
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), mb.targets.reshape(-1), reduction="none"
@@ -137,12 +143,12 @@ def bare_step(model: Any, optimizer: Any, batches: list[Any]) -> None:
     optimizer.step()
 
 
-def no_grad_forward(model: Any, batches: list[Any]) -> None:
+def no_grad_forward(model: Any, batches: list[Any], compute_dtype: str) -> None:
     """One forward pass without gradients: what recomputing old log-probs costs."""
     import torch
 
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), compute_autocast(compute_dtype, "cpu"):
         for mb in batches:
             model(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
     model.train()
@@ -158,6 +164,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     config = LearnerConfig(
         device="cpu", torch_threads=args.threads, batch_groups=args.batch_groups,
         keep_checkpoints=1, lora_layers=args.lora_layers, recompute_logprobs=args.recompute,
+        compute_dtype=args.compute_dtype,
     )  # fmt: skip
     update_s, train_s, save_s, bare_s, forward_s = [], [], [], [], []
     model, optimizer, batches = bare_setup(model_dir, config, groups)
@@ -169,9 +176,9 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             result = engine.update(groups, Ledger())
             t1 = time.perf_counter()
-            bare_step(model, optimizer, batches)
+            bare_step(model, optimizer, batches, config.compute_dtype)
             t2 = time.perf_counter()
-            no_grad_forward(model, batches)
+            no_grad_forward(model, batches, config.compute_dtype)
             if k:
                 update_s.append(t1 - t0)
                 train_s.append(result.metrics["train_s"])
@@ -181,6 +188,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         metrics = result.metrics
     return {
         "threads": torch.get_num_threads(),
+        "bfloat16": not isinstance(compute_autocast(config.compute_dtype, "cpu"), nullcontext),
         "interop_threads": torch.get_num_interop_threads(),
         "model": str(model_dir),
         "samples": int(metrics["samples"]),
@@ -214,6 +222,12 @@ def main() -> None:
     parser.add_argument(
         "--recompute", action="store_true",
         help="recompute old log-probs in the update (learner.recompute_logprobs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compute-dtype", choices=("auto", "float32", "bfloat16"),
+        default=LearnerConfig().compute_dtype,
+        help="precision of the matrix products, of the update and of the bare loop alike "
+        "(learner.compute_dtype)",
     )  # fmt: skip
     parser.add_argument("--out", default="bench/out", help="folder for the JSON")
     args = parser.parse_args()
@@ -254,7 +268,9 @@ def main() -> None:
         f"update/(bare step + no-grad forward): {upd / (bare + fwd):.2f}",
         f"model {model.name}, LoRA rank {LearnerConfig().lora_rank} on all linear layers of "
         f"{'the top ' + str(args.lora_layers) if args.lora_layers else 'every'} layer(s), "
-        f"float32, torch threads {result['threads']} (interop {result['interop_threads']})",
+        f"{'bfloat16 autocast' if result['bfloat16'] else 'float32'} (update and bare alike; "
+        f"compute_dtype {args.compute_dtype}), torch threads {result['threads']} "
+        f"(interop {result['interop_threads']})",
         load_note(load),
     ]
     finish(args.out, "learner", result, table=table, notes=notes, load=load)
