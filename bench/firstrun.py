@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.Popen(
             ["make", "run", f"RUN_ARGS=train --max-updates {args.updates}"],
             cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # make, the daemon, vLLM, Chromium: one group to stop
         )  # fmt: skip
         assert proc.stdout is not None
         reader = threading.Thread(target=_read, args=(proc.stdout, watch, log), daemon=True)
@@ -138,8 +140,14 @@ def main(argv: list[str] | None = None) -> int:
             watch.sample(proc.pid)
             time.sleep(2.0)
         if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
+            # make does not pass SIGTERM on to the daemon: the whole group gets it, and
+            # SIGKILL after a minute (the daemon's drain and vLLM's stop fit in it).
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
         reader.join(timeout=10)
     ended = time.monotonic()
     first_update = next(
