@@ -46,6 +46,11 @@ def test_cpu_command_and_environment(tmp_path: Path) -> None:
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # whole GiB, rounded up
     assert env["HF_HUB_OFFLINE"] == "1"  # a local folder needs no hub
+    assert env["WEBAGENT_VLLM_LORA_OPS"] == "grouped"  # policy/lora_ops.py's plugin acts
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # cpu_threads 0: vLLM's own binding
+    env = server_env(PolicyConfig(lora_ops="vllm", cpu_threads=2), model=str(tmp_path), base={})
+    assert env["WEBAGENT_VLLM_LORA_OPS"] == "vllm"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
 
 
 def test_dtype_auto_takes_bfloat16_only_where_the_cpu_multiplies_it(tmp_path: Path) -> None:
