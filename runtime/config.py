@@ -217,7 +217,11 @@ class PolicyConfig(_Section, frozen=True):
     request_timeout_s: PositiveFloat = 120.0
     max_retries: NonNegative = 3
     retry_backoff_s: NonNegativeFloat = 0.5
-    max_concurrency: Positive = 32
+    # Requests at once; more wait in the runtime (their timeout starts when sent). On the
+    # CPU the server is what the rollouts wait for: SmolLM2-135M, bfloat16, ~520-token
+    # prompts, grouped LoRA ops, both cores: 0.63 turns/s with 8 at once, 1.06 with 16.
+    # A GPU server takes more (deploy/gpu-host.toml: 64).
+    max_concurrency: Positive = 16
     # Health while it runs (runtime.supervisor): `/health` is probed every
     # health_interval_s with health_timeout_s to answer; health_failures misses in a row
     # (or the launched process's exit) mark it down: new turns wait, a server we launched

@@ -469,7 +469,9 @@ class Daemon:
         from runtime.evaluation import run_evaluation
 
         config = self.config
-        concurrency = max(1, config.scheduler.max_episodes_in_flight // 2)
+        # A quarter of the rollouts' episodes: evaluations share the policy's request slots
+        # with the training rollouts and must not starve them.
+        concurrency = max(1, config.scheduler.max_episodes_in_flight // 4)
         sampling = msgspec.structs.replace(
             stack.policy.sampling, temperature=config.daemon.eval_temperature
         )
