@@ -26,8 +26,8 @@ END = "<!-- results:end -->"
 
 # The order of the sections; benchmarks not listed here follow in name order.
 ORDER = (
-    "rollout", "compression", "hotswap", "learner", "pipeline", "recipe", "errors",
-    "learning",
+    "firstrun", "rollout", "serving", "compression", "hotswap", "learner", "pipeline",
+    "recipe", "errors", "learning",
 )  # fmt: skip
 
 _NAME = re.compile(r"^(?P<bench>[a-z][a-z0-9_]*)-(?P<stamp>\d{8}-\d{6})\.json$")

@@ -196,11 +196,15 @@ class PolicyConfig(_Section, frozen=True):
     # vLLM-CPU's LoRA products: "grouped" (policy/lora_ops.py, a vLLM plugin of this
     # package: one matrix product per adapter in the batch, none for a layer the adapter
     # leaves at zero) or "vllm" (its own ops, which copy each token's LoRA matrices).
-    # SmolLM2-135M, bfloat16, an adapter on the top 10 layers, 8 requests of ~520 prompt
-    # tokens at once, one core: 0.48 turns/s against 0.21 (no LoRA at all: 0.68).
+    # `python -m bench.serving` (SmolLM2-135M BC, bfloat16, an adapter on the top 10 layers,
+    # ~520-token prompts): 0.89 turns/s against 0.29 with 8 requests at once, 1.04 against
+    # 0.25 with 16; the base model without LoRA 1.04 and 1.01.
     lora_ops: Literal["grouped", "vllm"] = "grouped"
     # Cores vLLM-CPU's OpenMP threads are bound to: 0 is vLLM's own choice (every core
     # but one, which it leaves to its API server: 1 of 2 here); N binds cores 0..N-1.
+    # Both cores of this machine (bench.serving, grouped ops): 0.83 and 0.49 turns/s with
+    # 8 and 16 at once against 0.89 and 1.04 on vLLM's one (its API server and engine core
+    # then preempt the OpenMP threads).
     cpu_threads: NonNegative = 0
     max_loras: Positive = 4
     max_cpu_loras: Positive = 8
@@ -218,9 +222,10 @@ class PolicyConfig(_Section, frozen=True):
     max_retries: NonNegative = 3
     retry_backoff_s: NonNegativeFloat = 0.5
     # Requests at once; more wait in the runtime (their timeout starts when sent). On the
-    # CPU the server is what the rollouts wait for: SmolLM2-135M, bfloat16, ~520-token
-    # prompts, grouped LoRA ops, both cores: 0.63 turns/s with 8 at once, 1.06 with 16.
-    # A GPU server takes more (deploy/gpu-host.toml: 64).
+    # CPU the server is what the rollouts wait for (bench.serving, SmolLM2-135M BC, grouped
+    # LoRA ops): 0.89 turns/s with 8 at once, 1.04 with 16, request latency 7.6 and 15 s
+    # (median). With 32 at once a turn took past the 120 s request timeout. A GPU server
+    # takes more (deploy/gpu-host.toml: 64).
     max_concurrency: Positive = 16
     # Health while it runs (runtime.supervisor): `/health` is probed every
     # health_interval_s with health_timeout_s to answer; health_failures misses in a row
