@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -146,71 +147,39 @@ def _bgmv_expand_slice(  # noqa: PLR0917 - vLLM calls it with these positional a
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
 
 
-def _token_indices(lora_indices_tensor: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
-    import torch
+def _per_sequence(op: Callable[..., None]) -> Callable[..., None]:
+    """The prefill ("sgmv") form of a per-token op: vLLM passes (inputs, weights, output,
+    sequence starts, sequence lengths, each sequence's adapter index, batches, longest
+    sequence, tokens, then all of `op`'s own arguments: its defaults never apply),
+    positionally; each sequence's index is repeated for its tokens and `op` does the rest."""
 
-    return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
+    def sgmv(  # noqa: PLR0917 - vLLM's positional signature
+        inputs: torch.Tensor,
+        weights: torch.Tensor,
+        output_tensor: torch.Tensor,
+        b_seq_start_loc: torch.Tensor,
+        seq_len_tensor: torch.Tensor,
+        lora_indices_tensor: torch.Tensor,
+        batches: int,
+        max_seq_length: int,
+        token_nums: int,
+        *rest: Any,
+    ) -> None:
+        import torch
 
+        indices = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
+        op(inputs, weights, output_tensor, indices, *rest)
 
-def _sgmv_shrink(  # noqa: PLR0917 - vLLM calls it with these positional arguments
-    inputs: torch.Tensor,
-    lora_a_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    scaling: float,
-) -> None:
-    indices = _token_indices(lora_indices_tensor, seq_len_tensor)
-    _bgmv_shrink(inputs, lora_a_weights, output_tensor, indices, scaling)
-
-
-def _sgmv_expand(  # noqa: PLR0917 - vLLM calls it with these positional arguments
-    inputs: torch.Tensor,
-    lora_b_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    add_inputs: bool = False,
-) -> None:
-    indices = _token_indices(lora_indices_tensor, seq_len_tensor)
-    _bgmv_expand(inputs, lora_b_weights, output_tensor, indices, add_inputs)
-
-
-def _sgmv_expand_slice(  # noqa: PLR0917 - vLLM calls it with these positional arguments
-    inputs: torch.Tensor,
-    lora_b_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    slice_offset: int,
-    slice_size: int,
-    add_inputs: bool = False,
-) -> None:
-    indices = _token_indices(lora_indices_tensor, seq_len_tensor)
-    _bgmv_expand_slice(
-        inputs, lora_b_weights, output_tensor, indices, slice_offset, slice_size, add_inputs
-    )
+    return sgmv
 
 
 OPS = {
     "bgmv_shrink": _bgmv_shrink,
     "bgmv_expand": _bgmv_expand,
     "bgmv_expand_slice": _bgmv_expand_slice,
-    "sgmv_shrink": _sgmv_shrink,
-    "sgmv_expand": _sgmv_expand,
-    "sgmv_expand_slice": _sgmv_expand_slice,
+    "sgmv_shrink": _per_sequence(_bgmv_shrink),
+    "sgmv_expand": _per_sequence(_bgmv_expand),
+    "sgmv_expand_slice": _per_sequence(_bgmv_expand_slice),
 }
 
 
