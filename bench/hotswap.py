@@ -63,8 +63,9 @@ def _requests(n: int) -> list[PolicyRequest]:
     return out
 
 
-def _make_adapters(model: Path, root: Path, versions: int) -> list[Path]:
-    """v0 zero-initialised, v1.. with random B: saved by the learner's own code path."""
+def make_adapters(model: Path, root: Path, versions: int, b_std: float = 0.5) -> list[Path]:
+    """v0 zero-initialised, v1.. with random B (normal, `b_std`): saved by the learner's
+    own code path, on its default LoRA layers."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +81,7 @@ def _make_adapters(model: Path, root: Path, versions: int) -> list[Path]:
             with torch.no_grad():
                 for name, param in peft_model.named_parameters():
                     if "lora_B" in name:
-                        param.normal_(0.0, 0.5)
+                        param.normal_(0.0, b_std)
         folders.append(
             save_adapter(
                 peft_model,
@@ -124,7 +125,7 @@ async def _references(
 
 
 async def run(args: argparse.Namespace, model: Path, work: Path) -> dict[str, object]:
-    adapters = await anyio.to_thread.run_sync(_make_adapters, model, work / "adapters", args.swaps)
+    adapters = await anyio.to_thread.run_sync(make_adapters, model, work / "adapters", args.swaps)
     renderer = PromptRenderer.from_model(model)
     requests = _requests(8)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)

