@@ -225,8 +225,8 @@ class PolicyConfig(_Section, frozen=True):
     # CPU the server is what the rollouts wait for (bench.serving, SmolLM2-135M BC, grouped
     # LoRA ops): 0.89 turns/s with 8 at once, 1.04 with 16, request latency 7.6 and 15 s
     # (median). With 32 at once and vLLM's own LoRA ops a turn took past the 120 s request
-    # timeout (bench.firstrun, 2026-12-02). A GPU server
-    # takes more (deploy/gpu-host.toml: 64).
+    # timeout (bench.firstrun, 2026-12-02). A GPU server takes more (deploy/gpu-host.toml:
+    # 64).
     max_concurrency: Positive = 16
     # Health while it runs (runtime.supervisor): `/health` is probed every
     # health_interval_s with health_timeout_s to answer; health_failures misses in a row
