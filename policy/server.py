@@ -4,8 +4,9 @@
 older vLLM: `vllm.entrypoints.openai.api_server`) in a new session, so the API server,
 its engine core and its workers form one process group. LoRA is enabled and runtime
 adapter loading allowed; on the CPU the KV cache size, the LoRA ops (`policy.lora_ops`,
-read by this package's vLLM plugin), the OpenMP cores and the offline settings are put in
-the child's environment. The log goes to a file (appended across restarts).
+read by this package's vLLM plugin), the OpenMP cores, TCMalloc (`policy.allocator`) and
+the offline settings are put in the child's environment. The log goes to a file (appended
+across restarts).
 
 Readiness: `/health` is polled (vLLM offers no readiness event) while the process's exit
 is awaited in the same task group; a server that exits or is not healthy in time raises
@@ -36,6 +37,7 @@ import msgspec
 import structlog
 from anyio.abc import Process
 
+from policy.allocator import preload_env
 from policy.errors import ServerExitedError, ServerStartError
 from policy.lora_ops import ENV as LORA_OPS_ENV
 from runtime.config import PolicyConfig
@@ -143,6 +145,7 @@ def server_env(
         env[LORA_OPS_ENV] = config.lora_ops
         if config.cpu_threads:
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{config.cpu_threads - 1}"
+        env = preload_env(env, config.allocator)
     if Path(model).is_dir():
         # A local model needs no hub; without this, vLLM may try to reach it.
         env["HF_HUB_OFFLINE"] = "1"

@@ -15,17 +15,24 @@ stage runs and how far it is (the daemon's `/status` and the terminal's live vie
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import anyio
+import msgspec
 import structlog
+from anyio.abc import ByteReceiveStream
 
-from runtime.config import Config
+from runtime.config import Config, dump_config
 from runtime.environment import Environment
+from sites.files import write_atomic
 
 __all__ = ["BootstrapPaths", "BootstrapProgress", "prepare_model"]
 
@@ -35,8 +42,7 @@ log = structlog.get_logger("runtime.bootstrap")
 class BootstrapProgress:
     """The bootstrap's stage and how far it is, as one line (`describe()`).
 
-    Written by the bootstrap (BC's worker thread included: plain attribute stores) and read
-    by the status view.
+    Written by the bootstrap and read by the status view.
     """
 
     def __init__(self) -> None:
@@ -83,13 +89,11 @@ async def prepare_model(
     config: Config,
     environment: Environment,
     *,
-    should_stop: Callable[[], bool] | None = None,
     progress: BootstrapProgress | None = None,
 ) -> str:
     """The model to serve and train: `policy.model`, or the embedded default's BC model.
 
-    `should_stop` (read from BC's worker thread) abandons BC, raising LearnerError; the
-    caller cancels the rest (demonstrations) the anyio way.
+    Cancel it the anyio way to give it up (BC's process is then killed).
     """
     if config.policy.model:
         return config.policy.model
@@ -134,35 +138,80 @@ async def prepare_model(
         max_steps=config.bc.max_steps,
     )
     progress.enter("behaviour cloning", "loading the model")
-    summary = await anyio.to_thread.run_sync(
-        _behaviour_clone, config, paths, should_stop, progress.bc_step
-    )
+    summary = await behaviour_clone_process(config, paths, on_step=progress.bc_step)
     log.info("bootstrap.bc_done", **summary)
     return str(paths.bc)
 
 
-def _behaviour_clone(
-    config: Config,
-    paths: BootstrapPaths,
-    should_stop: Callable[[], bool] | None,
-    on_step: Callable[[Any], None],
+async def behaviour_clone_process(
+    config: Config, paths: BootstrapPaths, *, on_step: Callable[[Any], None]
 ) -> dict[str, object]:
-    from learner.bc import behaviour_clone
+    """BC as its own process (`webagent bc --json`), on TCMalloc (`policy.allocator`).
 
-    report = behaviour_clone(
-        paths.demos,
-        base_model=paths.base,
-        out=paths.bc,
-        config=config.bc,
-        lora=config.learner,
-        keep_thoughts=config.scheduler.keep_thoughts,
-        should_stop=should_stop,
-        on_step=on_step,
-    )
+    A process of its own gives its memory back to the system when it ends, before vLLM,
+    the browsers and the learner load (in the daemon's process, glibc kept BC's peak), and
+    can be started on TCMalloc, with which BC steps ran faster and its memory stayed flat
+    (policy/allocator.py). `on_step` gets each `learner.bc.BCProgress`; the child's log goes
+    to `bc.log` beside the checkpoint. Cancelled (the daemon stopped), the child is killed:
+    the checkpoint is written atomically at its end, so nothing half-written is left.
+    Raises TrainingError (with the log's last lines) when the child fails.
+    """
+    from learner.bc import BCProgress, BCReport
+    from learner.errors import TrainingError
+    from policy.allocator import preload_env
+
+    paths.bc.parent.mkdir(parents=True, exist_ok=True)
+    settings = paths.bc.parent / "bc-config.toml"
+    write_atomic(settings, dump_config(config).encode())
+    logfile = paths.bc.parent / "bc.log"
+    command = [
+        sys.executable, "-m", "runtime.cli", "--log-format", "json", "bc", "--json",
+        "--config", str(settings), "--demos", str(paths.demos), "--base", str(paths.base),
+        "--out", str(paths.bc), "--overwrite",
+    ]  # fmt: skip
+    env = preload_env(os.environ, config.policy.allocator)
+    report: BCReport | None = None
+    with logfile.open("ab") as errors:
+        async with await anyio.open_process(command, stdout=PIPE, stderr=errors, env=env) as child:
+            assert child.stdout is not None
+            async for line in _lines(child.stdout):
+                try:  # stdlib json: the child writes NaN for "not evaluated yet"
+                    message = json.loads(line)
+                except ValueError:
+                    message = None
+                if not isinstance(message, dict):
+                    log.info("bootstrap.bc_output", line=line[:200].decode("utf-8", "replace"))
+                elif "progress" in message:
+                    on_step(msgspec.convert(message["progress"], BCProgress))
+                elif "report" in message:
+                    report = msgspec.convert(message["report"], BCReport)
+            code = await child.wait()
+    if code != 0 or report is None:
+        raise TrainingError(f"BC exited with code {code}; the end of {logfile}:\n{_tail(logfile)}")
     return {
         "steps": report.steps,
         "seconds": round(report.wall_s, 1),
+        "tokens_per_s": round(report.tokens_per_s),
         "stop_reason": report.stop_reason,
         "train_accuracy": round(report.train_accuracy, 4),
         "heldout_accuracy": round(report.heldout_accuracy, 4),
     }
+
+
+async def _lines(stream: ByteReceiveStream) -> AsyncIterator[bytes]:
+    """The non-empty lines of `stream` until it ends."""
+    pending = b""
+    async for chunk in stream:
+        *complete, pending = (pending + chunk).split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - 16 * 1024))
+        return "\n".join(handle.read().decode("utf-8", "replace").splitlines()[-lines:])

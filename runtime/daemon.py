@@ -311,8 +311,6 @@ class Daemon:
 
     async def _prepare(self, prepare: Any, config: Config, env: Environment) -> str:
         """`prepare(config, env)` (the bootstrap), given up when the daemon is stopped."""
-        from learner.errors import LearnerError
-
         model = ""
         async with anyio.create_task_group() as tg:
 
@@ -321,13 +319,7 @@ class Daemon:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            try:
-                model = await prepare(
-                    config, env, should_stop=self._stop.is_set, progress=self._bootstrap
-                )
-            except LearnerError:
-                if not self._stop.is_set():
-                    raise
+            model = await prepare(config, env, progress=self._bootstrap)
             tg.cancel_scope.cancel()
         return model
 

@@ -12,7 +12,9 @@ train and held-out per-step action accuracy. torch is imported only when the com
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
 from typing import Any
 
 import msgspec
@@ -46,11 +48,17 @@ def register(sub: Any) -> None:
     parser.add_argument("--max-steps", type=int, metavar="N", help="override bc.max_steps")
     parser.add_argument("--max-minutes", type=float, metavar="M", help="override bc.max_minutes")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON object per line on stdout: {"progress": ...} after each step, '
+        '{"report": ...} at the end (how the daemon\'s first run follows a BC process)',
+    )
     parser.set_defaults(func=_bc)
 
 
 def _bc(args: argparse.Namespace) -> int:
-    from learner.bc import behaviour_clone
+    from learner.bc import BCProgress, behaviour_clone
     from learner.errors import DemonstrationError, LearnerError, TrainingError
 
     config = load_config(args.config)
@@ -63,6 +71,10 @@ def _bc(args: argparse.Namespace) -> int:
         if args.max_minutes < 0:
             raise UsageError("--max-minutes must be >= 0")
         bc = msgspec.structs.replace(bc, max_minutes=args.max_minutes)
+
+    def emit(progress: BCProgress) -> None:
+        print(_json_line("progress", progress), flush=True)
+
     try:
         report = behaviour_clone(
             args.demos,
@@ -73,12 +85,16 @@ def _bc(args: argparse.Namespace) -> int:
             heldout=args.heldout,
             keep_thoughts=config.scheduler.keep_thoughts,
             overwrite=args.overwrite,
+            on_step=emit if args.json else None,
         )
     except TrainingError as exc:
-        print(f"webagent: bc failed: {exc}")
+        print(f"webagent: bc failed: {exc}", file=sys.stderr if args.json else sys.stdout)
         return 1
     except (DemonstrationError, LearnerError) as exc:
         raise UsageError(str(exc)) from exc
+    if args.json:
+        print(_json_line("report", report), flush=True)
+        return 0
     print(
         f"wrote {report.out}: {report.mode} fine-tuning, {report.steps} steps in "
         f"{report.wall_s:.0f} s ({report.tokens_per_s:.0f} tokens/s), stopped by "
@@ -92,6 +108,11 @@ def _bc(args: argparse.Namespace) -> int:
         f"(what greedy decoding replays) {_share(report.heldout_whole_episode_accuracy)}"
     )
     return 0
+
+
+def _json_line(kind: str, value: msgspec.Struct) -> str:
+    """{kind: value} as one line of JSON; NaN (no evaluation yet) stays NaN, not null."""
+    return json.dumps({kind: msgspec.to_builtins(value)})
 
 
 def _share(value: float) -> str:

