@@ -9,7 +9,8 @@ the N-th learner update, after which the daemon stops by itself. The venv is mad
 (pip's download cache is used where the machine has one) and nothing is reused from this
 checkout. Stages are told apart by the run's own log events (`bootstrap.*`,
 `daemon.learner_ready`, `learner.update`); every 2 s the process tree's PSS is sampled and
-split into vLLM, Chromium and the rest (the daemon: runtime, BC and the learner).
+split into vLLM, Chromium, the first run's BC process and the rest (the daemon: runtime
+and learner).
 
 Prints the stage table last; writes the JSON to `--out`.
 """
@@ -42,7 +43,7 @@ STAGES = {
     "daemon.learner_ready": "rollouts to the first update",
     "learner.update": "after the first update",
 }
-PARTS = ("vllm", "chromium", "daemon")
+PARTS = ("vllm", "chromium", "bc", "daemon")
 
 
 def _part(pid: int) -> str:
@@ -54,6 +55,8 @@ def _part(pid: int) -> str:
         return "vllm"
     if "chrom" in cmd:
         return "chromium"
+    if "runtime.cli" in cmd and " bc " in cmd:  # the first run's BC process
+        return "bc"
     return "daemon"
 
 
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             + [f"{stage.peak[k] / 2**30:.2f}" for k in (*PARTS, "total")]
         )
     headers = ["stage", "starts (min)", "lasts (min)", "vLLM GiB", "Chromium GiB",
-               "daemon GiB", "total GiB"]  # fmt: skip
+               "BC GiB", "daemon GiB", "total GiB"]  # fmt: skip
     peak_total = max(s.peak["total"] for s in watch.stages)
     notes = [
         f"commit {head}; make exited with {proc.returncode}; learner updates seen: {watch.updates}",
