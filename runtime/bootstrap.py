@@ -30,7 +30,7 @@ import msgspec
 import structlog
 from anyio.abc import ByteReceiveStream
 
-from runtime.config import Config, dump_config
+from runtime.config import Config, EndpointConfig, dump_config
 from runtime.environment import Environment
 from sites.files import write_atomic
 
@@ -162,7 +162,9 @@ async def behaviour_clone_process(
 
     paths.bc.parent.mkdir(parents=True, exist_ok=True)
     settings = paths.bc.parent / "bc-config.toml"
-    write_atomic(settings, dump_config(config).encode())
+    # BC needs no endpoint: an inline endpoint.token is not copied into another file
+    bc_config = msgspec.structs.replace(config, endpoint=EndpointConfig())
+    write_atomic(settings, dump_config(bc_config).encode())
     logfile = paths.bc.parent / "bc.log"
     command = [
         sys.executable, "-m", "runtime.cli", "--log-format", "json", "bc", "--json",

@@ -448,14 +448,19 @@ def test_the_first_run_trains_bc_in_a_process_of_its_own(
 
     from learner.errors import TrainingError
     from runtime.bootstrap import BootstrapPaths, behaviour_clone_process
-    from runtime.config import Config, DaemonConfig
+    from runtime.config import Config, DaemonConfig, EndpointConfig
 
     paths = BootstrapPaths(tmp_path / "data")
     paths.demos.parent.mkdir(parents=True)
     write_store(paths.demos, command_task.demos(4, 1.0, seed=2))
     shutil.copytree(command_model_dir, paths.base)
     small = BCConfig(max_steps=3, max_minutes=0, batch_size=4, warmup_steps=1, eval_examples=4)
-    config = Config(bc=small, daemon=DaemonConfig(data_dir=str(tmp_path / "data")))
+    secret = "an-endpoint-token-only-the-daemon-needs-0123"
+    config = Config(
+        bc=small,
+        daemon=DaemonConfig(data_dir=str(tmp_path / "data")),
+        endpoint=EndpointConfig(token=secret),
+    )
     seen: list[Any] = []
     summary = anyio.run(
         lambda: behaviour_clone_process(config, paths, on_step=seen.append),
@@ -465,6 +470,7 @@ def test_the_first_run_trains_bc_in_a_process_of_its_own(
     assert summary["steps"] == 3 and summary["stop_reason"] == "max_steps"
     assert (paths.bc / "model.safetensors").is_file() and (paths.bc / "bc.json").is_file()
     assert "bc.eval" in (paths.bc.parent / "bc.log").read_text()
+    assert secret not in (paths.bc.parent / "bc-config.toml").read_text()
 
     shutil.rmtree(paths.bc)
     paths.demos.write_text("nonsense\n")
