@@ -47,6 +47,7 @@ __all__ = [
     "ServerStatistics",
     "VLLMServer",
     "cpu_has_bfloat16",
+    "file_tail",
     "server_command",
     "server_dtype",
     "server_env",
@@ -152,7 +153,8 @@ def server_env(
     return env
 
 
-def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
+def file_tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ("" when unreadable)."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -224,7 +226,7 @@ class VLLMServer:
         return self._process is not None and self._process.returncode is None
 
     def log_tail(self, lines: int = _TAIL_LINES) -> str:
-        return _tail(self.log_path, lines)
+        return file_tail(self.log_path, lines)
 
     async def start(self, *, timeout_s: float | None = None) -> None:
         """Launch (or, for an external URL, just await) the server until `/health` is 200."""

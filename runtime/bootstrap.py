@@ -159,6 +159,7 @@ async def behaviour_clone_process(
     from learner.bc import BCProgress, BCReport
     from learner.errors import TrainingError
     from policy.allocator import preload_env
+    from policy.server import file_tail
 
     paths.bc.parent.mkdir(parents=True, exist_ok=True)
     settings = paths.bc.parent / "bc-config.toml"
@@ -189,7 +190,8 @@ async def behaviour_clone_process(
                     report = msgspec.convert(message["report"], BCReport)
             code = await child.wait()
     if code != 0 or report is None:
-        raise TrainingError(f"BC exited with code {code}; the end of {logfile}:\n{_tail(logfile)}")
+        tail = file_tail(logfile, 20)
+        raise TrainingError(f"BC exited with code {code}; the end of {logfile}:\n{tail}")
     return {
         "steps": report.steps,
         "seconds": round(report.wall_s, 1),
@@ -210,10 +212,3 @@ async def _lines(stream: ByteReceiveStream) -> AsyncIterator[bytes]:
                 yield line
     if pending.strip():
         yield pending
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    with path.open("rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, handle.tell() - 16 * 1024))
-        return "\n".join(handle.read().decode("utf-8", "replace").splitlines()[-lines:])
