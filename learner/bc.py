@@ -31,11 +31,15 @@ models); "auto" picks full up to `BCConfig.full_max_params`. The result is a ful
 folder (`save_pretrained` + the base's tokenizer files), written atomically, that vLLM
 serves and `learner.trainer` starts from. Stops at `max_steps`, `max_minutes`, held-out
 `target_accuracy`, or held-out `target_success` when an episode evaluator is given.
+With `bc.snapshot_minutes`, the model as it was at each of those wall minutes (evaluated
+there, LoRA merged into a copy) is also written beside `out`, as `<out>-<M>m`: one run
+gives the closed-loop curve of BC minutes (`bench.recipe`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import random
@@ -162,6 +166,8 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     heldout_whole_accuracy: float = math.nan
     heldout_whole_episode_accuracy: float = math.nan
     history: list[BCEval] = []
+    # Folders of the `bc.snapshot_minutes` models written before this one.
+    snapshots: list[str] = []
 
 
 def _samples(examples: Sequence[BCExample], *, scoring: bool) -> list[TurnSample]:
@@ -482,7 +488,47 @@ def _train(
         log.info("bc.eval", **msgspec.structs.asdict(point))
         return point
 
+    snapshots = sorted(m for m in config.snapshot_minutes if m > 0)
+    written: list[str] = []
+
+    def report_now(stop: str, point: BCEval) -> BCReport:
+        return BCReport(
+            out=str(target),
+            base_model=base_model,
+            mode=mode,
+            parameters=parameters,
+            trainable_parameters=sum(p.numel() for p in params),
+            train_examples=len(train),
+            heldout_examples=len(held),
+            steps=step,
+            wall_s=time.monotonic() - started,
+            tokens_per_s=tokens / train_s if train_s > 0 else 0.0,
+            prompt_loss=prompt_loss,
+            stop_reason=stop,
+            train_accuracy=point.train_accuracy,
+            heldout_accuracy=point.heldout_accuracy,
+            heldout_episode_accuracy=point.heldout_episode_accuracy,
+            heldout_success=point.heldout_success,
+            heldout_whole_accuracy=point.heldout_whole_accuracy,
+            heldout_whole_episode_accuracy=point.heldout_whole_episode_accuracy,
+            history=list(history),
+            snapshots=list(written),
+        )
+
+    def snapshot(minutes: float) -> None:
+        point = history[-1] if history and history[-1].step == step else evaluate()
+        path = target.parent / f"{target.name}-{minutes:g}m"
+        merged = copy.deepcopy(model)
+        if mode == "lora":
+            merged = merged.merge_and_unload()
+        _save_model(merged, Path(base_model), path, report_now(f"snapshot {minutes:g}m", point))
+        del merged
+        written.append(str(path))
+        log.info("bc.snapshot", out=str(path), step=step, minutes=minutes)
+
     while True:
+        if snapshots and time.monotonic() - started >= 60 * snapshots[0]:
+            snapshot(snapshots.pop(0))
         if should_stop is not None and should_stop():
             raise LearnerError(f"BC stopped at step {step} before its end: {target} not written")
         if config.max_steps and step >= config.max_steps:
@@ -523,31 +569,10 @@ def _train(
             if config.target_success and success is not None and success >= config.target_success:
                 stop_reason = "target_success"
                 break
-    wall = time.monotonic() - started
     final = history[-1] if history and history[-1].step == step else evaluate()
     if mode == "lora":
         model = model.merge_and_unload()
-    report = BCReport(
-        out=str(target),
-        base_model=base_model,
-        mode=mode,
-        parameters=parameters,
-        trainable_parameters=sum(p.numel() for p in params),
-        train_examples=len(train),
-        heldout_examples=len(held),
-        steps=step,
-        wall_s=wall,
-        tokens_per_s=tokens / train_s if train_s > 0 else 0.0,
-        prompt_loss=prompt_loss,
-        stop_reason=stop_reason,
-        train_accuracy=final.train_accuracy,
-        heldout_accuracy=final.heldout_accuracy,
-        heldout_episode_accuracy=final.heldout_episode_accuracy,
-        heldout_success=final.heldout_success,
-        heldout_whole_accuracy=final.heldout_whole_accuracy,
-        heldout_whole_episode_accuracy=final.heldout_whole_episode_accuracy,
-        history=history,
-    )
+    report = report_now(stop_reason, final)
     _save_model(model, Path(base_model), target, report)
     log.info(
         "bc.done",
@@ -556,7 +581,7 @@ def _train(
         stop_reason=stop_reason,
         train_accuracy=report.train_accuracy,
         heldout_accuracy=report.heldout_accuracy,
-        wall_s=round(wall, 2),
+        wall_s=round(report.wall_s, 2),
     )
     return report
 

@@ -352,6 +352,9 @@ class BCConfig(_Section, frozen=True):
     # Wall minutes of BC (the bootstrap's largest stage; make run's first update comes
     # after it).
     max_minutes: NonNegativeFloat = 15.0
+    # Also write the model as it was at these wall minutes (each evaluated, beside the
+    # output folder as `<out>-<M>m`): the closed-loop curve of BC minutes from one run.
+    snapshot_minutes: tuple[PositiveFloat, ...] = ()
     # Train tasks the bootstrap records demonstrations of (the first N of the shuffled
     # split; 0: all 1427): 15 minutes of BC see fewer turns than 500 tasks give (~2,100).
     demo_tasks: NonNegative = 500
@@ -398,8 +401,8 @@ class DaemonConfig(_Section, frozen=True):
     data_dir: str = ".webagent"
     eval_every: NonNegative = 5
     eval_episodes: Positive = 64
-    # Sampling temperature of those evaluations (0: greedy, as `webagent eval` with its
-    # usual config); training rollouts keep policy.temperature.
+    # Sampling temperature of those evaluations and of `webagent eval` (0: greedy; its
+    # --temperature overrides); training rollouts keep policy.temperature.
     eval_temperature: NonNegativeFloat = 0.0
     max_updates: NonNegative = 0
     drain_timeout_s: PositiveFloat = 60.0

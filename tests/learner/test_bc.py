@@ -347,6 +347,39 @@ def test_stops_at_held_out_targets_and_lora_mode_merges(
     assert keys and not any("lora" in k for k in keys)  # merged into a plain model
 
 
+def test_a_snapshot_is_the_model_as_it_was_at_its_minute(
+    tmp_path: Path, command_task: Any, command_model_dir: Path
+) -> None:
+    """A snapshot due before the first step is the untrained model (LoRA B is zero, so its
+    merged weights are the base's), while the final model has moved; both are listed."""
+    import torch
+    from safetensors.torch import load_file
+
+    config = BCConfig(
+        max_steps=3, max_minutes=0, batch_size=4, warmup_steps=1, eval_examples=4,
+        eval_every_steps=100, mode="lora", snapshot_minutes=(1e-9,),
+    )  # fmt: skip
+    report = behaviour_clone(
+        command_task.demos(4, 1.0, seed=3),
+        base_model=command_model_dir,
+        out=tmp_path / "bc",
+        config=config,
+        lora=LearnerConfig(lora_rank=4, lora_alpha=8),
+        system_prompt=command_task.SYSTEM,
+    )
+    snap = tmp_path / "bc-1e-09m"
+    assert report.snapshots == [str(snap)] and report.steps == 3
+    early = msgspec.json.decode((snap / "bc.json").read_bytes())
+    assert (early["steps"], early["stop_reason"], early["snapshots"]) == (0, "snapshot 1e-09m", [])
+    base = load_file(str(command_model_dir / "model.safetensors"))
+    at_zero = load_file(str(snap / "model.safetensors"))
+    final = load_file(str(tmp_path / "bc" / "model.safetensors"))
+    assert set(at_zero) == set(final) and not any("lora" in k for k in at_zero)
+    shared = [k for k in at_zero if k in base]
+    assert shared and all(torch.equal(at_zero[k], base[k]) for k in shared)
+    assert any(not torch.equal(final[k], base[k]) for k in shared)
+
+
 def test_prompt_loss_scores_every_prompt_token_of_left_padded_rows(
     command_model_dir: Path,
 ) -> None:
