@@ -77,6 +77,12 @@ def register(sub: Any) -> None:
         "--out", metavar="DIR", help="output folder (default: RUN_DIR/eval-<date>-<time>)"
     )
     parser.add_argument("--seed", type=int, help="built-in sites' seed (default: sites.seed)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="sampling temperature of the policy (default: daemon.eval_temperature, 0: greedy)",
+    )
     parser.set_defaults(func=_eval)
 
 
@@ -85,11 +91,19 @@ def _checked(args: argparse.Namespace) -> Config:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if args.temperature is not None and not 0 <= args.temperature <= 10:
+        raise UsageError(f"--temperature must be between 0 and 10, not {args.temperature}")
     if args.policy not in ("oracle", "model") and not Path(args.policy).is_dir():
         raise UsageError(
             f"--policy: expected 'oracle', 'model' or an adapter folder, got {args.policy!r}"
         )
     config = load_config(args.config)
+    temperature = (
+        config.daemon.eval_temperature if args.temperature is None else args.temperature
+    )
+    config = msgspec.structs.replace(
+        config, policy=msgspec.structs.replace(config.policy, temperature=temperature)
+    )
     if args.seed is not None:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)

@@ -201,3 +201,21 @@ def test_eval_cli_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFix
     assert f"{bad}: task 1: start_url: unknown placeholder __NOWHERE__" in capsys.readouterr().err
     assert main(["eval", "--group-size", "0"]) == 2
     assert "--group-size must be at least 1" in capsys.readouterr().err
+    assert main(["eval", "--temperature", "-0.5"]) == 2
+    assert "--temperature must be between 0 and 10, not -0.5" in capsys.readouterr().err
+
+
+def test_eval_is_greedy_unless_told(tmp_path: Path) -> None:
+    """`webagent eval` samples at daemon.eval_temperature (0: greedy, as the daemon's own
+    evaluations), not at the training rollouts' policy.temperature; --temperature wins."""
+    from runtime.cli import build_parser
+    from runtime.cli.eval import _checked
+
+    toml = tmp_path / "c.toml"
+    toml.write_text("[policy]\ntemperature = 0.9\n[daemon]\neval_temperature = 0.25\n")
+    parser = build_parser()
+    config = _checked(parser.parse_args(["eval", "--config", str(toml)]))
+    assert config.policy.temperature == 0.25
+    config = _checked(parser.parse_args(["eval", "--config", str(toml), "--temperature", "0.7"]))
+    assert config.policy.temperature == 0.7
+    assert _checked(parser.parse_args(["eval"])).policy.temperature == 0.0
