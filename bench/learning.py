@@ -1,7 +1,9 @@
-"""WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, and R1-Zero on the built-in suite.
+"""WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, a BC-continued control and
+R1-Zero on the built-in suite.
 
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
+        [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 1.0]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the tiny model recipe (`bench.recipe`: model and oracle demonstrations, cached
@@ -11,7 +13,12 @@ The product's own commands are the system under test, run as subprocesses:
 (b) BC + M-GRPO: `webagent train --config X` on that checkpoint, stopped by SIGINT (the
     daemon's graceful stop) `--rl-minutes` after it published v0 (vLLM start-up and model
     loading are not charged), or at `--max-updates`;
-(c) R1-Zero: the same from the untrained tiny model, with the same budget.
+(c) R1-Zero: the same from the untrained base model, with the same budget;
+(d) control: BC continued from (a)'s checkpoint for (b)'s wall time (`webagent bc` in its
+    own process on TCMalloc, a fresh LoRA on the merged checkpoint), so that RL's gain is
+    measured against more training, not only against less.
+`--bc-model DIR` starts from a BC checkpoint made elsewhere (e.g. `bench.recipe`'s) instead
+of (a); `--arms` runs a subset (an arm that needs another's result runs that one too).
 Each arm (its newest `run_dir/learner/adapters/policy@vN`) is evaluated closed-loop with
 `webagent eval` (greedy) on the first `--eval-tasks` tasks of the test and ood splits, per
 seed. One vLLM-CPU server per base model, started here, is shared by the evaluations
@@ -55,6 +62,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import signal
 import statistics
@@ -70,7 +78,7 @@ import anyio
 from bench.common import LoadSampler, format_table, load_note, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("bc", "bc+rl", "r1-zero")
+ARMS = ("bc", "bc+rl", "control", "r1-zero")
 _ADAPTER = re.compile(r"@v(\d+)$")
 _SUITE = {"test": 219, "ood": 120}  # tasks per split of the built-in suite (any seed)
 
@@ -166,7 +174,7 @@ def rl_toml(*, model: Path, run_dir: Path, data_dir: Path, settings: Mapping[str
 model = "{model}"
 max_model_len = 4096
 max_tokens = 96
-temperature = 1.0
+temperature = {settings["temperature"]}
 [scheduler]
 split = "train"
 group_size = {settings["group_size"]}
@@ -215,11 +223,12 @@ def estimate_minutes(
     s_per_episode: Mapping[str, float],
     plan: Mapping[str, tuple[int, int]],
 ) -> float:
-    """Wall minutes of a run: BC, two RL arms (budget + start/stop), two vLLM starts, and
-    per arm `plan[arm]` = (`webagent eval` calls, episodes) at `call_overhead_s` a call
-    (process start, sites, browser) and `s_per_episode[arm]` an episode."""
+    """Wall minutes of a run: BC, two RL arms and the control (budget + start/stop each),
+    three vLLM starts, and per arm `plan[arm]` = (`webagent eval` calls, episodes) at
+    `call_overhead_s` a call (process start, sites, browser) and `s_per_episode[arm]` an
+    episode."""
     evals = sum(c * call_overhead_s + n * s_per_episode.get(a, 0.0) for a, (c, n) in plan.items())
-    return bc_minutes + 2 * rl_minutes + (2 * rl_overhead_s + 2 * server_start_s + evals) / 60
+    return bc_minutes + 3 * rl_minutes + (3 * rl_overhead_s + 3 * server_start_s + evals) / 60
 
 
 def planned(
@@ -235,6 +244,7 @@ def planned(
     return {
         "bc": (calls + scaling[0], headline + scaling[1]),
         "bc+rl": (calls + scaling[0], headline + scaling[1]),
+        "control": (calls, headline),
         "r1-zero": (calls, headline),
     }
 
@@ -328,6 +338,32 @@ def _train(
         "stop_s": round(time.monotonic() - stopping, 1),
         "curves": found,
     }
+
+
+def _control(out: Path, bc_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
+    """(d): `webagent bc` from the BC checkpoint for `minutes` more, on the same
+    demonstrations, in its own process on TCMalloc (as the first run's BC)."""
+    from bench.recipe import demos
+    from policy.allocator import preload_env
+    from policy.profile import model_profile
+
+    style = model_profile(bc_dir).observation_style
+    train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
+    folder = out / "cache" / f"learning-control-{bc_dir.name}-{minutes:.1f}m-{seed}"
+    log_path = folder.with_suffix(".log")
+    cmd = [sys.executable, "-m", "runtime.cli", "bc", "--demos", str(train), "--heldout",
+           str(test), "--base", str(bc_dir), "--out", str(folder), "--max-minutes",
+           f"{minutes:.2f}", "--overwrite"]  # fmt: skip
+    began = time.monotonic()
+    with log_path.open("wb") as log:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False,
+                              env=preload_env(os.environ, "auto"))  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"webagent bc (control) exited {done.returncode}:\n{_tail(log_path)}")
+    report = json.loads((folder / "bc.json").read_text())
+    return {"model": str(folder), "wall_s": round(time.monotonic() - began, 1),
+            "steps": report["steps"], "bc_wall_s": report["wall_s"],
+            "heldout_accuracy": report["heldout_accuracy"]}  # fmt: skip
 
 
 def _text(path: Path) -> str:
@@ -476,6 +512,16 @@ def _parse_turns(text: str) -> list[int]:
     return turns
 
 
+def _parse_arms(text: str) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        raise argparse.ArgumentTypeError(f"arms are {','.join(ARMS)}; got {text!r}")
+    if "control" in arms and "bc+rl" not in arms:
+        arms.append("bc+rl")  # the control's budget is the RL arm's wall time
+    return [a for a in ARMS if a in arms]
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add = parser.add_argument
@@ -494,6 +540,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--batch-groups", type=int, default=2)
     add("--train-max-turns", type=int, default=10)
     add("--rl-lr", type=float, default=3e-4)
+    add("--rl-temperature", type=float, default=1.0, help="sampling temperature of RL rollouts")
+    add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
+    add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
     add("--optimizer-steps", type=int, default=2, help="per update (1: ratio == 1, no clip/KL)")
     add("--threads", type=int, default=1, help="torch threads of the RL learner")
     add("--bc-threads", type=int, default=0, help="torch threads of BC (0: one per core)")
@@ -519,6 +568,7 @@ class _Experiment:
         self.evals: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
         self.scaling_runs: dict[str, dict[int, dict[str, Any]]] = {"bc": {}, "bc+rl": {}}
         self.bc_report: dict[str, Any] = {}
+        self.control: dict[str, Any] = {}
 
     def _timed(self, key: str, began: float) -> None:
         self.timings[key] = round(time.monotonic() - began, 1)
@@ -528,19 +578,27 @@ class _Experiment:
 
         args, out = self.args, self.out
         began = time.monotonic()
-        tiny = base_model(out, args.model, args.seed)
-        name = args.model if args.model in ("smollm2", "tiny") else tiny.name
-        bc_dir, self.bc_report = _bc(out, tiny, name, args.bc_minutes, args.seed, args.bc_threads)
+        base = base_model(out, args.model, args.seed)
+        name = args.model if args.model in ("smollm2", "tiny") else base.name
+        if args.bc_model:
+            bc_dir = Path(args.bc_model)
+            report = json.loads((bc_dir / "bc.json").read_text())
+            self.bc_report = {"given": True, **{k: v for k, v in report.items() if k != "history"}}
+        else:
+            bc_dir, self.bc_report = _bc(out, base, name, args.bc_minutes, args.seed,
+                                         args.bc_threads)  # fmt: skip
         self._timed("bc_s", began)
         _say(f"[bc] {bc_dir} ({self.timings['bc_s']:.0f} s)")
         settings = {
             "group_size": args.group_size, "groups_in_flight": args.groups_in_flight,
             "batch_groups": args.batch_groups, "train_max_turns": args.train_max_turns,
             "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps, "threads": args.threads,
-            "seed": args.seed,
+            "seed": args.seed, "temperature": args.rl_temperature,
             "max_updates": args.max_updates,
         }  # fmt: skip
-        for arm, model in (("bc+rl", bc_dir), ("r1-zero", tiny)):
+        for arm, model in (("bc+rl", bc_dir), ("r1-zero", base)):
+            if arm not in args.arms:
+                continue
             began = time.monotonic()
             budget = args.rl_minutes * 60
             run = _train(arm=arm, model=model, out=out, stamp=self.stamp, budget_s=budget,
@@ -550,15 +608,32 @@ class _Experiment:
             updates = len(run["curves"]["updates"])
             _say(f"[{arm}] v{run['version']}, {run['curves']['groups']} groups, {updates} "
                  f"updates ({self.timings[f'rl_{arm}_s']} s)")  # fmt: skip
+        control: Path | None = None
+        if "control" in args.arms:
+            began = time.monotonic()
+            self.control = _control(out, bc_dir, self.runs["bc+rl"]["train_s"] / 60, args.seed)
+            control = Path(self.control["model"])
+            self._timed("control_s", began)
+            _say(f"[control] {control}: {self.control['steps']} more BC steps")
 
         def on_bc(evaluate: EvalFn) -> None:
-            self._evaluate(evaluate, "bc", "model")
-            self._evaluate(evaluate, "bc+rl", self.runs["bc+rl"]["adapter"])
+            if "bc" in args.arms:
+                self._evaluate(evaluate, "bc", "model")
+            if "bc+rl" in args.arms:
+                self._evaluate(evaluate, "bc+rl", self.runs["bc+rl"]["adapter"])
 
-        def on_tiny(evaluate: EvalFn) -> None:
+        def on_base(evaluate: EvalFn) -> None:
             self._evaluate(evaluate, "r1-zero", self.runs["r1-zero"]["adapter"])
 
-        for name, model, work in (("bc", bc_dir, on_bc), ("tiny", tiny, on_tiny)):
+        def on_control(evaluate: EvalFn) -> None:
+            self._evaluate(evaluate, "control", "model")
+
+        servers = [("bc", bc_dir, on_bc)]
+        if control is not None:
+            servers.append(("control", control, on_control))
+        if "r1-zero" in args.arms:
+            servers.append(("base", base, on_base))
+        for name, model, work in servers:
             began = time.monotonic()
             self.timings[f"server_{name}_start_s"] = round(
                 _with_server(model, out, self.stamp, work, args.eval_concurrency), 1
@@ -597,12 +672,13 @@ def _said(label: str, result: Mapping[str, Any]) -> None:
 
 def _estimate(exp: _Experiment) -> float:
     """Minutes the defaults would take at this run's per-stage speeds."""
+    arms = exp.args.arms
     calls = [
-        r for arm in ARMS for r in exp.evals[arm] + list(exp.scaling_runs.get(arm, {}).values())
+        r for arm in arms for r in exp.evals[arm] + list(exp.scaling_runs.get(arm, {}).values())
     ]
     overhead = statistics.median(r["seconds"] - r["episodes_s"] for r in calls)
     s_per_episode: dict[str, float] = {}
-    for arm in ARMS:
+    for arm in arms:
         done = exp.evals[arm] + list(exp.scaling_runs.get(arm, {}).values())
         episodes, turns = sum(r["episodes"] for r in done), sum(r["turns"] for r in done)
         s_per_episode[arm] = sum(r["episodes_s"] for r in done) / max(1, episodes)
@@ -611,12 +687,15 @@ def _estimate(exp: _Experiment) -> float:
             sum(r["episodes_s"] for r in done) / max(1, turns), 3
         )
     exp.timings["eval_call_overhead_s"] = round(overhead, 1)
+    for arm in ARMS:  # an arm not run this time: the mean speed of those that were
+        s_per_episode.setdefault(arm, statistics.mean(s_per_episode.values()))
     d = _arguments([])
+    starts = [v for k, v in exp.timings.items() if k.startswith("server_")]
+    overheads = [r["startup_s"] + r["stop_s"] for r in exp.runs.values()]
     return estimate_minutes(
         bc_minutes=d.bc_minutes, rl_minutes=d.rl_minutes,
-        rl_overhead_s=statistics.mean(r["startup_s"] + r["stop_s"] for r in exp.runs.values()),
-        server_start_s=statistics.mean(
-            [exp.timings["server_bc_start_s"], exp.timings["server_tiny_start_s"]]),
+        rl_overhead_s=statistics.mean(overheads) if overheads else 0.0,
+        server_start_s=statistics.mean(starts),
         call_overhead_s=overhead, s_per_episode=s_per_episode,
         plan=planned(seeds=d.seeds, eval_tasks=d.eval_tasks, scaling_tasks=d.scaling_tasks,
                      scaling_turns=d.scaling_turns, turns=d.max_turns),
@@ -634,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     success = {
         arm: {split: success_stats([(e["successes"], e["episodes"]) for e in exp.evals[arm]
                                     if e["split"] == split]) for split in ("test", "ood")}
-        for arm in ARMS
+        for arm in args.arms
     }  # fmt: skip
     scaling = {
         arm: {t: success_stats([(r["successes"], r["episodes"])]) for t, r in by.items()}
@@ -646,14 +725,17 @@ def main(argv: list[str] | None = None) -> int:
     estimate = _estimate(exp)
     headers = ["arm", "test success % ± SE", "ood success % ± SE", "adapter", "groups",
                "mixed", "trained"]  # fmt: skip
+    trained = {
+        "bc": f"{bc.get('wall_s', 0) / 60:.1f} min BC",
+        "control": f"+{exp.control.get('bc_wall_s', 0) / 60:.1f} min BC",
+        **{arm: f"+{r['train_s'] / 60:.1f} min RL" for arm, r in runs.items()},
+    }
     rows: list[list[object]] = [
         [arm, _pct(success[arm]["test"]), _pct(success[arm]["ood"]),
          f"v{runs[arm]['version']}" if arm in runs else "-",
          runs[arm]["curves"]["groups"] if arm in runs else "-",
-         runs[arm]["curves"]["mixed_groups"] if arm in runs else "-",
-         f"{runs[arm]['train_s'] / 60:.1f} min RL" if arm in runs
-         else f"{bc.get('wall_s', 0) / 60:.1f} min BC"]
-        for arm in ARMS
+         runs[arm]["curves"]["mixed_groups"] if arm in runs else "-", trained[arm]]
+        for arm in args.arms
     ]  # fmt: skip
     scaling_headers = ["arm", *(f"T={t}" for t in args.scaling_turns)]
     scaling_rows = [
@@ -668,7 +750,17 @@ def main(argv: list[str] | None = None) -> int:
         f"BC: {bc.get('steps')} steps in {bc.get('wall_s', 0) / 60:.1f} min, teacher-forced "
         f"held-out turn accuracy {bc.get('heldout_accuracy', float('nan')):.3f}, episode "
         f"accuracy {bc.get('heldout_episode_accuracy', float('nan')):.3f}"
-        f"{' (cached)' if bc.get('cached') else ''}",
+        f"{' (cached)' if bc.get('cached') else ''}"
+        f"{' (given: --bc-model)' if bc.get('given') else ''}",
+        *(
+            [
+                f"control: {exp.control['steps']} more BC steps in "
+                f"{exp.control['bc_wall_s'] / 60:.1f} min, held-out turn accuracy "
+                f"{exp.control['heldout_accuracy']:.3f}"
+            ]
+            if exp.control
+            else []
+        ),
         *(
             f"{arm}: stopped by {r['stopped_by']}, v{r['version']} after {r['train_s'] / 60:.1f} "
             f"min, {len(r['curves']['updates'])} updates, {r['curves']['groups']} groups "
@@ -682,13 +774,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     result = {
         "args": vars(args), "timings": exp.timings, "bc": bc, "runs": runs, "evals": exp.evals,
+        "control": exp.control,
         "success": success, "estimate_defaults_min": round(estimate, 1),
         "scaling": {a: {str(t): v for t, v in by.items()} for a, by in scaling.items()},
         "scaling_runs": {a: {str(t): v for t, v in by.items()}
                          for a, by in exp.scaling_runs.items()},
         "png": [str(p) for p in pngs],
     }  # fmt: skip
-    title = "WebAgent-R1 in miniature: success of BC, BC+RL and R1-Zero"
+    title = "WebAgent-R1 in miniature: success of " + ", ".join(args.arms)
     path = write_result(out, "learning", result, notes=notes, load=load,
                         table={"title": title, "headers": headers, "rows": rows})  # fmt: skip
     print(format_table(scaling_headers, scaling_rows, "Test-time scaling (test split, seed 0)"))

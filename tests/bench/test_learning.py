@@ -90,6 +90,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
         "threads": 1,
         "seed": 0,
         "max_updates": 0,
+        "temperature": 0.5,
     }
     rl = tmp_path / "rl.toml"
     rl.write_text(
@@ -101,6 +102,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.scheduler.group_size == 4 and config.scheduler.max_episodes_in_flight == 8
     assert config.learner.learning_rate == pytest.approx(3e-4)
     assert config.learner.optimizer_steps == 2
+    assert config.policy.temperature == 0.5  # the rollouts' and so the learner's
     assert config.daemon.eval_every == 0 and not config.endpoint.enabled
     ev = tmp_path / "eval.toml"
     ev.write_text(
@@ -117,7 +119,12 @@ def test_planned_calls_and_episodes_and_estimate() -> None:
     )
     # headline: 3 seeds x (100 test + 100 ood) in 6 calls; scaling: 5 settings x 50 (15 is
     # not shared: the headline ran 100 tasks, the scaling 50).
-    assert plan == {"bc": (11, 600 + 250), "bc+rl": (11, 600 + 250), "r1-zero": (6, 600)}
+    assert plan == {
+        "bc": (11, 600 + 250),
+        "bc+rl": (11, 600 + 250),
+        "control": (6, 600),
+        "r1-zero": (6, 600),
+    }
     shared = learning.planned(
         seeds=1, eval_tasks=300, scaling_tasks=300, scaling_turns=[5, 15], turns=15
     )
@@ -126,7 +133,8 @@ def test_planned_calls_and_episodes_and_estimate() -> None:
         bc_minutes=15, rl_minutes=20, rl_overhead_s=60, server_start_s=30, call_overhead_s=10,
         s_per_episode={"bc": 0.6, "r1-zero": 1.2}, plan={"bc": (2, 100), "r1-zero": (1, 50)},
     )  # fmt: skip
-    assert minutes == pytest.approx(15 + 40 + (120 + 60 + 20 + 60 + 10 + 60) / 60)
+    # BC, three training stretches (RL, RL, control) with their overheads, three servers
+    assert minutes == pytest.approx(15 + 60 + (180 + 90 + 20 + 60 + 10 + 60) / 60)
 
 
 def test_parse_turns() -> None:
@@ -134,3 +142,11 @@ def test_parse_turns() -> None:
     for bad in ("a,b", "", "0,5"):
         with pytest.raises(argparse.ArgumentTypeError):
             learning._parse_turns(bad)
+
+
+def test_parse_arms_keeps_the_order_and_what_the_control_needs() -> None:
+    assert learning._parse_arms("r1-zero,bc") == ["bc", "r1-zero"]
+    assert learning._parse_arms("control") == ["bc+rl", "control"]  # its budget is RL's time
+    for bad in ("", "bc,sft"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            learning._parse_arms(bad)
