@@ -98,9 +98,7 @@ def _checked(args: argparse.Namespace) -> Config:
             f"--policy: expected 'oracle', 'model' or an adapter folder, got {args.policy!r}"
         )
     config = load_config(args.config)
-    temperature = (
-        config.daemon.eval_temperature if args.temperature is None else args.temperature
-    )
+    temperature = config.daemon.eval_temperature if args.temperature is None else args.temperature
     config = msgspec.structs.replace(
         config, policy=msgspec.structs.replace(config.policy, temperature=temperature)
     )
