@@ -75,7 +75,7 @@ from typing import Any
 
 import anyio
 
-from bench.common import LoadSampler, format_table, load_note, write_result
+from bench.common import LoadSampler, format_table, load_note, pss_bytes, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("bc", "bc+rl", "control", "r1-zero")
@@ -294,10 +294,12 @@ def _train(
     cmd = [sys.executable, "-m", "runtime.cli", "train", "--config", str(config), "--no-api"]
     started = time.monotonic()
     stopped_by = "exited"
+    peak = 0  # PSS of the daemon process (learner, scheduler, sites; not vLLM or Chromium)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             while "AdapterPublished" not in _text(metrics):
+                peak = max(peak, pss_bytes(proc.pid))
                 if proc.poll() is not None:
                     raise SystemExit(f"webagent train ({arm}) exited {proc.returncode} before "
                                      f"publishing v0:\n{_tail(log_path)}")  # fmt: skip
@@ -306,12 +308,14 @@ def _train(
                                      f"{_tail(log_path)}")  # fmt: skip
                 time.sleep(1.0)  # a subprocess's file: nothing to wait on but the clock
             ready = time.monotonic()
-            try:
-                proc.wait(timeout=budget_s)
-                stopped_by = "max_updates"
-            except subprocess.TimeoutExpired:
+            while proc.poll() is None and time.monotonic() - ready < budget_s:
+                peak = max(peak, pss_bytes(proc.pid))
+                time.sleep(2.0)
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)  # the daemon's graceful stop
                 stopped_by = "budget (SIGINT)"
+            else:
+                stopped_by = "max_updates"
             stopping = time.monotonic()
             proc.wait(timeout=300)
         finally:
@@ -336,6 +340,7 @@ def _train(
         "startup_s": round(ready - started, 1),
         "train_s": round(stopping - ready, 1),
         "stop_s": round(time.monotonic() - stopping, 1),
+        "daemon_peak_pss_gib": round(peak / 2**30, 2),
         "curves": found,
     }
 
@@ -765,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{arm}: stopped by {r['stopped_by']}, v{r['version']} after {r['train_s'] / 60:.1f} "
             f"min, {len(r['curves']['updates'])} updates, {r['curves']['groups']} groups "
             f"({r['curves']['mixed_groups']} with mixed rewards); start-up {r['startup_s']:.0f} s,"
-            f" stop {r['stop_s']:.0f} s"
+            f" stop {r['stop_s']:.0f} s; daemon (learner) peak PSS {r['daemon_peak_pss_gib']} GiB"
             for arm, r in runs.items()
         ),
         "seconds: " + ", ".join(f"{k}={v:g}" for k, v in exp.timings.items()),
