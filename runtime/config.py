@@ -323,10 +323,11 @@ class LearnerConfig(_Section, frozen=True):
     # all 30 at 4,096-token micro-batches was killed for memory at 13.5 GB RSS.
     lora_layers: NonNegative = 10
     # Precision of the learner's and BC's matrix products (weights and optimizer stay
-    # float32): "auto" is bfloat16 autocast where the device multiplies bfloat16 natively
-    # (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else float32. SmolLM2-135M,
-    # top-10 LoRA, 8 x 520 tokens, 2 threads on this Zen 4 CPU: 660 trained tokens/s
-    # against 380 in float32; log-probs differ from float32 by 4e-4 (median), 0.10 (max).
+    # float32): "auto" is bfloat16 autocast on a CUDA GPU with bf16, and on a CPU where a
+    # short timing says it is faster (`learner.engine.cpu_bfloat16_faster`), else float32.
+    # SmolLM2-135M, top-10 LoRA, 8 x 520 tokens, 2 threads: on a Zen 4 660 trained tokens/s
+    # against 380 in float32; on a Xeon with AVX512-BF16 and no AMX 271 against 437.
+    # Log-probs in bfloat16 differ from float32 by 4e-4 (median), 0.10 (max).
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     seed: int = 0
     # torch intra-op threads of the learner (0: torch's default, one per core). The learner

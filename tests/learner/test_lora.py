@@ -183,14 +183,32 @@ def test_fingerprint_tracks_weights_cheaply_for_big_files(
 @pytest.mark.parametrize("setting", ["float32", "bfloat16", "auto"])
 def test_compute_autocast_sets_the_dtype_of_matrix_products(setting: str) -> None:
     """`learner.compute_dtype`: float32 leaves products alone, bfloat16 autocasts them,
-    "auto" takes bfloat16 exactly where the CPU has native bfloat16 kernels."""
+    "auto" takes bfloat16 exactly where this CPU's timing found it faster."""
     import torch
 
-    from learner.engine import compute_autocast
+    from learner.engine import compute_autocast, cpu_bfloat16_faster
 
-    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    want = {"float32": False, "bfloat16": True, "auto": native}[setting]
+    want = {"float32": False, "bfloat16": True, "auto": cpu_bfloat16_faster()}[setting]
     a = torch.ones(4, 4)
     with compute_autocast(setting, "cpu"):
         product = a @ a
     assert product.dtype == (torch.bfloat16 if want else torch.float32)
+
+
+def test_bfloat16_is_timed_only_where_onednn_has_its_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without oneDNN's bfloat16 kernels "auto" is float32 at once (no timing: emulated
+    bfloat16 is slower); the answer is cached for the process."""
+    import torch
+
+    from learner import engine
+
+    engine.cpu_bfloat16_faster.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    try:
+        assert engine.cpu_bfloat16_faster() is False
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+        assert engine.cpu_bfloat16_faster() is False  # cached
+    finally:
+        engine.cpu_bfloat16_faster.cache_clear()
