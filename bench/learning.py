@@ -6,10 +6,10 @@ R1-Zero on the built-in suite.
         [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 1.0]
 
 The product's own commands are the system under test, run as subprocesses:
-(a) BC: the tiny model recipe (`bench.recipe`: model and oracle demonstrations, cached
-    under `--out/cache`) behaviour-cloned (`learner.bc.behaviour_clone`) for `--bc-minutes`
-    of wall time with one torch thread per core (it runs alone): a checkpoint stopped at
-    partial success (cached per budget, threads and seed);
+(a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under
+    `--out/cache`) behaviour-cloned (`webagent bc`, in its own process on TCMalloc) for
+    `--bc-minutes` of wall time with one torch thread per core (it runs alone): a
+    checkpoint stopped at partial success (cached per budget, threads and seed);
 (b) BC + M-GRPO: `webagent train --config X` on that checkpoint, stopped by SIGINT (the
     daemon's graceful stop) `--rl-minutes` after it published v0 (vLLM start-up and model
     loading are not charged), or at `--max-updates`;
@@ -258,25 +258,38 @@ def _bc(
     """(a): the base model behaviour-cloned for `minutes` with `threads` torch threads (0:
     one per core), the `[bc]` and `[learner]` defaults otherwise; cached per model, budget,
     threads and seed."""
-    from bench.recipe import demos
-    from learner.bc import behaviour_clone
-    from policy.profile import model_profile
-    from runtime.config import BCConfig
-
-    style = model_profile(base).observation_style
-    train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
     folder = out / "cache" / f"learning-bc-{name}-{minutes:g}m-t{threads}-{seed}"
     if (folder / "bc.json").is_file() and (folder / "config.json").is_file():
         report = json.loads((folder / "bc.json").read_text())
         return folder, {"cached": True, **{k: v for k, v in report.items() if k != "history"}}
-    config = BCConfig(max_minutes=minutes, torch_threads=threads, seed=seed)
-    report = behaviour_clone(train, base_model=base, out=folder, config=config, heldout=test,
-                             overwrite=True)  # fmt: skip
-    import msgspec
+    report = _bc_process(out, base, folder, minutes, seed, threads)
+    return folder, {"cached": False, **{k: v for k, v in report.items() if k != "history"}}
 
-    data = msgspec.structs.asdict(report)
-    data.pop("history", None)
-    return folder, {"cached": False, **data}
+
+def _bc_process(
+    out: Path, base: Path, folder: Path, minutes: float, seed: int, threads: int
+) -> dict[str, Any]:
+    """`webagent bc` from `base` to `folder` for `minutes` on the train demonstrations
+    (held out: the test split's), in its own process on TCMalloc as the first run's BC;
+    its bc.json."""
+    from bench.recipe import demos
+    from policy.allocator import preload_env
+    from policy.profile import model_profile
+
+    style = model_profile(base).observation_style
+    train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
+    config, log_path = folder.with_suffix(".toml"), folder.with_suffix(".log")
+    config.write_text(f"[bc]\nseed = {seed}\ntorch_threads = {threads}\n")
+    cmd = [sys.executable, "-m", "runtime.cli", "bc", "--config", str(config), "--demos",
+           str(train), "--heldout", str(test), "--base", str(base), "--out", str(folder),
+           "--max-minutes", f"{minutes:.2f}", "--overwrite"]  # fmt: skip
+    with log_path.open("wb") as log:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False,
+                              env=preload_env(os.environ, "auto"))  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"webagent bc exited {done.returncode}:\n{_tail(log_path)}")
+    report: dict[str, Any] = json.loads((folder / "bc.json").read_text())
+    return report
 
 
 def _train(
@@ -346,26 +359,10 @@ def _train(
 
 
 def _control(out: Path, bc_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
-    """(d): `webagent bc` from the BC checkpoint for `minutes` more, on the same
-    demonstrations, in its own process on TCMalloc (as the first run's BC)."""
-    from bench.recipe import demos
-    from policy.allocator import preload_env
-    from policy.profile import model_profile
-
-    style = model_profile(bc_dir).observation_style
-    train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
+    """(d): BC from the BC checkpoint for `minutes` more, on the same demonstrations."""
     folder = out / "cache" / f"learning-control-{bc_dir.name}-{minutes:.1f}m-{seed}"
-    log_path = folder.with_suffix(".log")
-    cmd = [sys.executable, "-m", "runtime.cli", "bc", "--demos", str(train), "--heldout",
-           str(test), "--base", str(bc_dir), "--out", str(folder), "--max-minutes",
-           f"{minutes:.2f}", "--overwrite"]  # fmt: skip
     began = time.monotonic()
-    with log_path.open("wb") as log:
-        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False,
-                              env=preload_env(os.environ, "auto"))  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"webagent bc (control) exited {done.returncode}:\n{_tail(log_path)}")
-    report = json.loads((folder / "bc.json").read_text())
+    report = _bc_process(out, bc_dir, folder, minutes, seed, 0)
     return {"model": str(folder), "wall_s": round(time.monotonic() - began, 1),
             "steps": report["steps"], "bc_wall_s": report["wall_s"],
             "heldout_accuracy": report["heldout_accuracy"]}  # fmt: skip
