@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     env = preload_env(os.environ, "auto")
     if env != dict(os.environ):
-        os.execve(sys.executable, [sys.executable, "-m", "bench.recipe", *sys.argv[1:]], env)
+        again = sys.argv[1:] if argv is None else argv
+        os.execve(sys.executable, [sys.executable, "-m", "bench.recipe", *again], env)
 
     from learner.bc import behaviour_clone
 
