@@ -93,10 +93,18 @@ def cpu_bfloat16_faster() -> bool:
     tokens/s in float32 and bfloat16; this block 44 against 72 ms). Without oneDNN's
     bfloat16 kernels it is not timed: emulated bfloat16 is slower."""
     import torch
-    import torch.nn.functional as F
 
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
+    # The first call may come from inside a no-grad or inference block (an evaluation).
+    with torch.inference_mode(False), torch.enable_grad():
+        return _time_bfloat16()
+
+
+def _time_bfloat16() -> bool:
+    import torch
+    import torch.nn.functional as F
+
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1024, 576, generator=generator)
     up = torch.randn(1536, 576, generator=generator, requires_grad=True)
