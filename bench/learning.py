@@ -259,19 +259,24 @@ def _bc(
     one per core), the `[bc]` and `[learner]` defaults otherwise; cached per model, budget,
     threads and seed."""
     folder = out / "cache" / f"learning-bc-{name}-{minutes:g}m-t{threads}-{seed}"
-    if (folder / "bc.json").is_file() and (folder / "config.json").is_file():
-        report = json.loads((folder / "bc.json").read_text())
-        return folder, {"cached": True, **{k: v for k, v in report.items() if k != "history"}}
-    report = _bc_process(out, base, folder, minutes, seed, threads)
-    return folder, {"cached": False, **{k: v for k, v in report.items() if k != "history"}}
+    cached = (folder / "bc.json").is_file() and (folder / "config.json").is_file()
+    if not cached:
+        _bc_process(out, base, folder, minutes, seed, threads)
+    return folder, {"cached": cached, **bc_summary(folder)}
+
+
+def bc_summary(folder: Path) -> dict[str, Any]:
+    """A BC checkpoint's bc.json without its history."""
+    report: dict[str, Any] = json.loads((folder / "bc.json").read_text())
+    report.pop("history", None)
+    return report
 
 
 def _bc_process(
     out: Path, base: Path, folder: Path, minutes: float, seed: int, threads: int
-) -> dict[str, Any]:
+) -> None:
     """`webagent bc` from `base` to `folder` for `minutes` on the train demonstrations
-    (held out: the test split's), in its own process on TCMalloc as the first run's BC;
-    its bc.json."""
+    (held out: the test split's), in its own process on TCMalloc as the first run's BC."""
     from bench.recipe import demos
     from policy.allocator import preload_env
     from policy.profile import model_profile
@@ -289,8 +294,6 @@ def _bc_process(
                               env=preload_env(os.environ, "auto"))  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"webagent bc exited {done.returncode}:\n{_tail(log_path)}")
-    report: dict[str, Any] = json.loads((folder / "bc.json").read_text())
-    return report
 
 
 def _train(
@@ -363,7 +366,8 @@ def _control(out: Path, bc_dir: Path, minutes: float, seed: int) -> dict[str, An
     """(d): BC from the BC checkpoint for `minutes` more, on the same demonstrations."""
     folder = out / "cache" / f"learning-control-{bc_dir.name}-{minutes:.1f}m-{seed}"
     began = time.monotonic()
-    report = _bc_process(out, bc_dir, folder, minutes, seed, 0)
+    _bc_process(out, bc_dir, folder, minutes, seed, 0)
+    report = bc_summary(folder)
     return {"model": str(folder), "wall_s": round(time.monotonic() - began, 1),
             "steps": report["steps"], "bc_wall_s": report["wall_s"],
             "heldout_accuracy": report["heldout_accuracy"]}  # fmt: skip
@@ -585,8 +589,7 @@ class _Experiment:
         name = args.model if args.model in ("smollm2", "tiny") else base.name
         if args.bc_model:
             bc_dir = Path(args.bc_model)
-            report = json.loads((bc_dir / "bc.json").read_text())
-            self.bc_report = {"given": True, **{k: v for k, v in report.items() if k != "history"}}
+            self.bc_report = {"given": True, **bc_summary(bc_dir)}
         else:
             bc_dir, self.bc_report = _bc(out, base, name, args.bc_minutes, args.seed,
                                          args.bc_threads)  # fmt: skip

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         again = sys.argv[1:] if argv is None else argv
         os.execve(sys.executable, [sys.executable, "-m", "bench.recipe", *again], env)
 
-    from learner.bc import behaviour_clone
+    from learner.bc import behaviour_clone, snapshot_path
 
     base = base_model(out, args.model, args.seed)
     profile = model_profile(base)
@@ -247,16 +247,18 @@ def main(argv: list[str] | None = None) -> int:
             train, base_model=base, out=bc_dir, config=config, lora=lora, heldout=test,
             system_prompt=system_prompt(prompt), keep_thoughts=args.keep_thoughts, overwrite=True,
         )  # fmt: skip
-        closed: dict[str, dict[str, Any]] = {}
-        models = [*report.snapshots, str(bc_dir)]
-        for model in models:
-            label = "" if model == str(bc_dir) else f"{model.rsplit('-', 1)[1]} "
+        # (at, split, result): at is the snapshot's minutes, "" for the final model
+        closed: list[tuple[str, str, dict[str, Any]]] = []
+        written = set(report.snapshots)
+        models = [(f"{m:g}m", str(snapshot_path(bc_dir, m))) for m in sorted(args.snapshots)]
+        for at, model in [*((a, m) for a, m in models if m in written), ("", str(bc_dir))]:
             for split, n in (("test", args.rollout_tasks), ("ood", args.ood_tasks)):
                 if n:
-                    closed[f"{label}{split}"] = rollouts(
+                    result = rollouts(
                         out, Path(model), n, steps if split == "test" else {}, split=split,
                         style=style, prompt=prompt, keep_thoughts=args.keep_thoughts,
                     )  # fmt: skip
+                    closed.append((at, split, result))
     history = [msgspec.structs.asdict(h) for h in report.history]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     png = out / f"recipe-curve-{stamp}.png"
@@ -282,8 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             f"bc.prompt_loss {report.prompt_loss:g}: the loss column includes the prompt "
             "tokens' language-model loss (not comparable with runs without it)"
         )
-    for key, result in closed.items():
-        at, _, split = key.rpartition(" ")
+    for at, split, result in closed:
         short = (
             f"; on the {result['short_tasks']} tasks of 1-3 oracle steps: "
             f"{result['short_success']:.1%}"
@@ -297,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     title = f"BC learning curve of {name}"
     table = {"title": title, "headers": headers, "rows": rows}
+    rollout_rows = [{"at": at, "split": split, **result} for at, split, result in closed]
     path = write_result(
         out, "recipe", {"args": vars(args), "report": msgspec.structs.asdict(report) | {
-            "history": history}, "rollouts": closed, "png": str(png)},
+            "history": history}, "rollouts": rollout_rows, "png": str(png)},
         table=table, notes=notes, load=load,
     )  # fmt: skip
     print(format_table(headers, rows, title))

@@ -75,6 +75,7 @@ __all__ = [
     "behaviour_clone",
     "demo_examples",
     "read_demos",
+    "snapshot_path",
     "split_heldout",
 ]
 
@@ -168,6 +169,12 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     history: list[BCEval] = []
     # Folders of the `bc.snapshot_minutes` models written before this one.
     snapshots: list[str] = []
+
+
+def snapshot_path(out: str | Path, minutes: float) -> Path:
+    """Where BC writing `out` puts its `bc.snapshot_minutes` model of `minutes`."""
+    out = Path(out)
+    return out.parent / f"{out.name}-{minutes:g}m"
 
 
 def _samples(examples: Sequence[BCExample], *, scoring: bool) -> list[TurnSample]:
@@ -488,7 +495,7 @@ def _train(
         log.info("bc.eval", **msgspec.structs.asdict(point))
         return point
 
-    snapshots = sorted(m for m in config.snapshot_minutes if m > 0)
+    snapshots = sorted(config.snapshot_minutes)  # each > 0 (PositiveFloat)
     written: list[str] = []
 
     def report_now(stop: str, point: BCEval) -> BCReport:
@@ -517,7 +524,7 @@ def _train(
 
     def snapshot(minutes: float) -> None:
         point = history[-1] if history and history[-1].step == step else evaluate()
-        path = target.parent / f"{target.name}-{minutes:g}m"
+        path = snapshot_path(target, minutes)
         merged = copy.deepcopy(model)
         if mode == "lora":
             merged = merged.merge_and_unload()
