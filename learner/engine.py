@@ -54,7 +54,14 @@ from learner.loss import group_advantages, mgrpo_loss
 from runtime.config import LearnerConfig
 from runtime.messages import TrajectoryGroup
 
-__all__ = ["Engine", "UpdateResult", "compute_autocast", "lr_factor", "resolve_device"]
+__all__ = [
+    "Engine",
+    "UpdateResult",
+    "compute_autocast",
+    "enable_checkpointing",
+    "lr_factor",
+    "resolve_device",
+]
 
 
 def resolve_device(device: str) -> str:
@@ -122,6 +129,12 @@ def _time_bfloat16() -> bool:
 
     best_s(True, 1), best_s(False, 1)  # first calls pick and cache kernels
     return best_s(True, 3) * 1.1 <= best_s(False, 3)
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Gradient checkpointing of every transformer layer (non-reentrant, so frozen inputs
+    need no `requires_grad`); it acts in training mode only."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def lr_factor(step: int, *, warmup: int, schedule: str, total: int) -> float:
@@ -200,6 +213,8 @@ class Engine:
         pad = base.config.pad_token_id
         self._pad_id = int(pad) if isinstance(pad, int) else 0
         self._model = attach_lora(base, self.config).to(self._device)
+        if self.config.gradient_checkpointing:
+            enable_checkpointing(self._model)
         params = [p for p in self._model.parameters() if p.requires_grad]
         self._optimizer = torch.optim.AdamW(
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay

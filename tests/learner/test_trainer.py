@@ -190,6 +190,31 @@ async def test_learning_rate_zero_keeps_the_weights(
     assert len(rec.published) == 3 and len(hashes) == 1
 
 
+def test_gradient_checkpointing_trains_the_same_adapter(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    from safetensors.torch import load_file
+
+    from learner.checkpoint import Ledger
+    from learner.engine import Engine
+
+    groups = [group(make_group, 1, "a", [1, 0, 1], 0), group(make_group, 2, "b", [0, 1], 0)]
+    weights = {}
+    for checkpointing in (False, True):
+        cfg = msgspec.structs.replace(CONFIG, gradient_checkpointing=checkpointing)
+        engine = Engine(cfg, base_model=tiny_model_dir, out_dir=tmp_path / str(checkpointing))
+        engine.open()
+        layers = engine._model.get_base_model().model
+        assert layers.gradient_checkpointing is checkpointing
+        v0 = engine.adapter_path(0)
+        result = engine.update(groups, Ledger())
+        weights[checkpointing] = load_file(str(result.adapter_path / "adapter_model.safetensors"))
+        first = load_file(str(v0 / "adapter_model.safetensors"))
+        assert any(not torch.equal(first[k], w) for k, w in weights[checkpointing].items())
+    for key, value in weights[False].items():
+        torch.testing.assert_close(weights[True][key], value, rtol=0, atol=1e-6)
+
+
 @pytest.mark.anyio
 async def test_server_logprobs_and_kl_options(
     tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
