@@ -4,7 +4,7 @@ R1-Zero on the built-in suite.
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 1.0]
-        [--server-threads 0]
+        [--server-threads 0] [--curriculum uniform]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under
@@ -184,6 +184,7 @@ max_groups_in_flight = {settings["groups_in_flight"]}
 max_episodes_in_flight = {settings["group_size"] * settings["groups_in_flight"]}
 max_turns = {settings["train_max_turns"]}
 seed = {settings["seed"]}
+curriculum = "{settings["curriculum"]}"
 [learner]
 batch_groups = {settings["batch_groups"]}
 optimizer_steps = {settings["optimizer_steps"]}
@@ -559,6 +560,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--train-max-turns", type=int, default=10)
     add("--rl-lr", type=float, default=3e-4)
     add("--rl-temperature", type=float, default=1.0, help="sampling temperature of RL rollouts")
+    add("--curriculum", choices=("uniform", "signal"), default="uniform",
+        help="scheduler.curriculum of the RL arms")  # fmt: skip
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
     add("--optimizer-steps", type=int, default=2, help="per update (1: ratio == 1, no clip/KL)")
@@ -610,7 +613,7 @@ class _Experiment:
             "group_size": args.group_size, "groups_in_flight": args.groups_in_flight,
             "batch_groups": args.batch_groups, "train_max_turns": args.train_max_turns,
             "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps, "threads": args.threads,
-            "seed": args.seed, "temperature": args.rl_temperature,
+            "seed": args.seed, "temperature": args.rl_temperature, "curriculum": args.curriculum,
             "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip
         for arm, model in (("bc+rl", bc_dir), ("r1-zero", base)):

@@ -272,6 +272,10 @@ class SchedulerConfig(_Section, frozen=True):
     # free-running, exits right 20 of 45 with thoughts against 4 of 45 without; closed loop
     # 5 of 40 test tasks against 0 of 19 (bench.recipe --keep-thoughts / --no-keep-thoughts).
     keep_thoughts: bool = True
+    # Which training task comes next (`runtime.curriculum`): "uniform" (each task once per
+    # epoch, shuffled) or "signal" (by template, toward those whose groups of
+    # `group_size` are likely to have mixed rewards, the only ones M-GRPO learns from).
+    curriculum: Literal["uniform", "signal"] = "uniform"
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
     seed: int = 0

@@ -375,6 +375,7 @@ class Daemon:
             max_groups=config.scheduler.max_groups_in_flight,
             split=config.scheduler.split,
             seed=config.scheduler.seed + self._updates_done(),
+            curriculum=config.scheduler.curriculum,
         )
         if config.learner.max_staleness == 0 and self._learner.statistics().updating:
             self._scheduler.hold_for_update(True)  # released when that update is published

@@ -1,6 +1,6 @@
 """The scheduler: draws tasks, keeps groups in flight, sends finished groups on.
 
-    tasks of a split --(shuffled per epoch, seeded)--> up to N groups in flight
+    tasks of a split --(curriculum: shuffled, or toward mixed groups)--> N groups in flight
         each group: G episodes (the rollout's limiter keeps <= M episodes in flight)
     finished group --> bounded memory object stream --> learner / store / evaluation
 
@@ -20,7 +20,6 @@ opens when none holds it).
 
 from __future__ import annotations
 
-import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -30,7 +29,8 @@ import anyio
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
-from runtime.messages import TaskConfig, TrajectoryGroup
+from runtime.curriculum import Curriculum, CurriculumKind
+from runtime.messages import EVALUATED_STATUSES, TaskConfig, TrajectoryGroup
 from runtime.rollout import Rollout
 
 __all__ = ["Scheduler", "SchedulerStatistics"]
@@ -61,6 +61,8 @@ class SchedulerStatistics:
     stopping: bool
     # Why new turns wait, when they do: "pause", "update", "policy" (server down).
     held_for: tuple[str, ...] = ()
+    # Finished groups whose evaluated rewards differ: the ones M-GRPO learns from.
+    groups_mixed: int = 0
 
 
 class Scheduler:
@@ -78,11 +80,19 @@ class Scheduler:
         seed: int = 0,
         num_groups: int | None = None,
         shuffle: bool = True,
+        curriculum: CurriculumKind = "uniform",
     ) -> None:
         if not tasks:
             raise ValueError(f"no tasks to schedule (split {split!r} is empty)")
         self.rollout = rollout
         self.tasks = list(tasks)
+        self.curriculum = Curriculum(
+            self.tasks,
+            kind=curriculum,
+            group_size=group_size,
+            seed=f"{seed}:{split}",
+            shuffle=shuffle,
+        )
         self.send = send
         self.group_size = group_size
         self.split = split
@@ -93,10 +103,9 @@ class Scheduler:
         self._slots = anyio.Semaphore(max_groups)
         self._producer = anyio.CancelScope()
         self._idle = anyio.Event()
-        self._order: list[TaskConfig] = []
-        self._epoch = -1
         self._started = 0
         self._finished = 0
+        self._mixed = 0
         self._in_flight = 0
         self._stopping = False
         self._t0 = time.monotonic()
@@ -152,15 +161,6 @@ class Scheduler:
 
     # ------------------------------------------------------------------ running
 
-    def _next_task(self) -> TaskConfig:
-        if not self._order:
-            self._epoch += 1
-            self._order = list(self.tasks)
-            if self.shuffle:
-                random.Random(f"{self.seed}:{self.split}:{self._epoch}").shuffle(self._order)
-            self._order.reverse()  # pop() from the end takes them in shuffled order
-        return self._order.pop()
-
     async def run(self) -> None:
         """Schedule groups until `num_groups` are done or `stop()`; then close `send`."""
         self._t0 = time.monotonic()
@@ -176,7 +176,7 @@ class Scheduler:
                         finally:
                             if not opened:  # cancelled while paused: give the slot back
                                 self._slots.release()
-                        task = self._next_task()
+                        task = self.curriculum.next()
                         self._started += 1
                         self._in_flight += 1
                         self._idle = anyio.Event()
@@ -200,6 +200,8 @@ class Scheduler:
                     log.error("scheduler.group_dropped", group_id=group.group_id)
                     return
             self._finished += 1
+            self._mixed += _mixed(group)
+            self.curriculum.observe(group)
             turns = sum(len(t.turns) for t in group.trajectories)
             self._finishes.append((time.monotonic(), turns, len(group.trajectories)))
         finally:
@@ -229,11 +231,17 @@ class Scheduler:
             turns=stats.turns,
             steps_per_s=sum(f[1] for f in self._finishes) / window,
             episodes_per_s=sum(f[2] for f in self._finishes) / window,
-            epoch=max(self._epoch, 0),
+            epoch=max(self.curriculum.epoch, 0),
             paused=self.paused,
             stopping=self._stopping,
             held_for=tuple(sorted(self.rollout.gate.closed_for)),
+            groups_mixed=self._mixed,
         )
+
+
+def _mixed(group: TrajectoryGroup) -> bool:
+    rewards = {t.reward > 0.5 for t in group.trajectories if t.status in EVALUATED_STATUSES}
+    return len(rewards) == 2
 
 
 def _failed(status: str) -> bool:

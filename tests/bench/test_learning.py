@@ -92,6 +92,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
         "max_updates": 0,
         "temperature": 0.5,
         "server_threads": 2,
+        "curriculum": "signal",
     }
     rl = tmp_path / "rl.toml"
     rl.write_text(
@@ -105,6 +106,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.learner.optimizer_steps == 2
     assert config.policy.temperature == 0.5  # the rollouts' and so the learner's
     assert config.policy.cpu_threads == 2
+    assert config.scheduler.curriculum == "signal"
     assert config.daemon.eval_every == 0 and not config.endpoint.enabled
     ev = tmp_path / "eval.toml"
     ev.write_text(

@@ -1,0 +1,105 @@
+"""The training curriculum: the shuffled order, and draws toward groups with mixed rewards."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from runtime.curriculum import Curriculum, mixed_probability, template_of
+from runtime.messages import TaskConfig, Trajectory, TrajectoryGroup
+
+
+def _task(task_id: int, template: int) -> TaskConfig:
+    return TaskConfig(
+        task_id=task_id, intent=f"task {task_id}", start_url="/", intent_template_id=template
+    )
+
+
+def _group(task: TaskConfig, rewards: list[float], status: str = "exited") -> TrajectoryGroup:
+    trajectories = [
+        Trajectory(
+            episode_id=f"{task.task_id}-{i}",
+            group_id=str(task.task_id),
+            task_id=task.task_id,
+            intent=task.intent,
+            reward=reward,
+            status=status,
+        )
+        for i, reward in enumerate(rewards)
+    ]
+    return TrajectoryGroup(
+        group_id=str(task.task_id), task_id=task.task_id, trajectories=trajectories, created_at=0
+    )
+
+
+@pytest.mark.parametrize(("successes", "failures", "size"), [(0, 0, 4), (0, 8, 4), (3, 1, 8)])
+def test_mixed_probability_matches_sampling_the_posterior(
+    successes: int, failures: int, size: int
+) -> None:
+    rng = random.Random(0)
+    draws, mixed = 40_000, 0
+    for _ in range(draws):
+        p = rng.betavariate(0.5 + successes, 0.5 + failures)
+        outcomes = {rng.random() < p for _ in range(size)}
+        mixed += len(outcomes) == 2
+    assert mixed_probability(successes, failures, size) == pytest.approx(mixed / draws, abs=0.01)
+
+
+def test_uniform_takes_every_task_once_per_epoch_in_a_seeded_order() -> None:
+    tasks = [_task(i, i % 3) for i in range(12)]
+    first = Curriculum(tasks, group_size=4, seed="0:train")
+    drawn = [first.next().task_id for _ in range(24)]
+    assert sorted(drawn[:12]) == list(range(12)) == sorted(drawn[12:])
+    assert drawn[:12] != drawn[12:]  # a new shuffle each epoch
+    assert first.epoch == 1
+    again = Curriculum(tasks, group_size=4, seed="0:train")
+    assert [again.next().task_id for _ in range(24)] == drawn
+    in_order = Curriculum(tasks, group_size=4, seed="0:train", shuffle=False)
+    assert [in_order.next().task_id for _ in range(12)] == list(range(12))
+
+
+def test_signal_draws_toward_templates_whose_groups_are_mixed() -> None:
+    # Template 0 always fails, 1 always succeeds, 2 is mixed; 10 tasks each.
+    tasks = [_task(10 * t + i, t) for t in range(3) for i in range(10)]
+    curriculum = Curriculum(tasks, kind="signal", group_size=4, seed="0:train")
+    before = curriculum.weights()
+    assert before["t:0"] == before["t:1"] == before["t:2"] > 0  # unseen: task counts alone
+    for _ in range(4):
+        curriculum.observe(_group(tasks[0], [0, 0, 0, 0]))
+        curriculum.observe(_group(tasks[10], [1, 1, 1, 1]))
+        curriculum.observe(_group(tasks[20], [1, 0, 0, 1]))
+    after = curriculum.weights()
+    assert after["t:2"] > 5 * after["t:0"] > 0
+    assert after["t:1"] == pytest.approx(after["t:0"])
+    templates = Counter(template_of(curriculum.next()) for _ in range(600))
+    assert templates["t:2"] > 400
+    assert 0 < templates["t:0"] < 100 and 0 < templates["t:1"] < 100
+
+
+def test_signal_keeps_the_uniform_mixture_of_unseen_templates() -> None:
+    tasks = [_task(i, 0) for i in range(30)] + [_task(100 + i, 1) for i in range(10)]
+    curriculum = Curriculum(tasks, kind="signal", group_size=4, seed="1:train")
+    drawn = [curriculum.next() for _ in range(400)]
+    share = sum(template_of(t) == "t:0" for t in drawn) / len(drawn)
+    assert share == pytest.approx(0.75, abs=0.07)
+    # Within a template every task comes once before any comes twice.
+    ones = [t.task_id for t in drawn if t.task_id >= 100][:10]
+    assert sorted(ones) == list(range(100, 110))
+
+
+def test_signal_forgets_old_groups_and_ignores_infrastructure_failures() -> None:
+    tasks = [_task(0, 0), _task(1, 1)]
+    curriculum = Curriculum(tasks, kind="signal", group_size=4, seed="0", window=8)
+    fresh = curriculum.weight("t:0")
+    curriculum.observe(_group(tasks[0], [0, 0, 0, 0], status="interrupted"))
+    curriculum.observe(_group(_task(7, 0), [0, 0, 0, 0]))  # a task it does not draw from
+    assert curriculum.weight("t:0") == fresh
+    for _ in range(3):
+        curriculum.observe(_group(tasks[0], [0, 0, 0, 0]))
+    failing = curriculum.weight("t:0")
+    assert failing < fresh / 2
+    curriculum.observe(_group(tasks[0], [1, 0, 1, 0]))
+    curriculum.observe(_group(tasks[0], [0, 1, 1, 0]))  # the window now holds only these
+    assert curriculum.weight("t:0") > failing * 2
