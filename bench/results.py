@@ -6,7 +6,9 @@ For each benchmark (`{bench}-{YYYYmmdd-HHMMSS}.json` in `--out`) the newest file
 table, the notes printed under it, the command that reproduces it, and the machine it ran
 on (CPU count and model, load average during the run). The text between the markers
 `<!-- results:start -->` and `<!-- results:end -->` in the README is replaced; nothing else
-is touched. `--check` prints the section instead of writing it.
+is touched. A benchmark with no JSON in `--out` keeps its section as the README has it
+(results made on another machine stay until a new run replaces them). `--check` prints
+the section instead of writing it.
 """
 
 from __future__ import annotations
@@ -155,10 +157,25 @@ def section(bench: str, record: Mapping[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
-def render(folder: Path) -> str:
-    """The whole generated block (without the markers)."""
+def kept_sections(readme: str) -> dict[str, str]:
+    """The README's generated sections by benchmark name ("### name" up to the next)."""
+    start, end = readme.find(START), readme.find(END)
+    if start < 0 or end < start:
+        return {}
+    block = readme[start + len(START) : end]
+    found = list(re.finditer(r"^### ([a-z][a-z0-9_]*)[ \t]*$", block, flags=re.M))
+    bounds = [m.start() for m in found[1:]] + [len(block)] if found else []
+    return {
+        m.group(1): block[m.start() : stop].strip("\n") + "\n"
+        for m, stop in zip(found, bounds, strict=True)
+    }
+
+
+def render(folder: Path, kept: Mapping[str, str] | None = None) -> str:
+    """The whole generated block (without the markers); `kept` sections fill the gaps."""
     files = newest(folder)
-    if not files:
+    kept = {name: text for name, text in (kept or {}).items() if name not in files}
+    if not files and not kept:
         return f"\nNo benchmark results in `{folder}` yet: run the benchmarks in `bench/`.\n"
     parts = [
         "",
@@ -167,7 +184,10 @@ def render(folder: Path) -> str:
         "in one run.",
         "",
     ]
-    for bench in _ordered(list(files)):
+    for bench in _ordered([*files, *kept]):
+        if bench in kept:
+            parts.append(kept[bench])
+            continue
         path = files[bench]
         try:
             record = json.loads(path.read_text("utf-8"))
@@ -192,13 +212,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--readme", default="README.md")
     parser.add_argument("--check", action="store_true", help="print the section, write nothing")
     args = parser.parse_args(argv)
-    block = render(Path(args.out))
+    readme = Path(args.readme)
+    current = readme.read_text("utf-8") if readme.is_file() else ""
+    block = render(Path(args.out), kept_sections(current))
     if args.check:
         print(block)
         return 0
-    readme = Path(args.readme)
     try:
-        text = replace_section(readme.read_text("utf-8"), block)
+        text = replace_section(current, block)
     except ValueError as exc:
         print(f"{readme}: {exc}", file=sys.stderr)
         return 2
