@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Literal
 
-from runtime.messages import EVALUATED_STATUSES, TaskConfig, TrajectoryGroup
+from runtime.messages import EVALUATED_STATUSES, TaskConfig
+from runtime.store import iter_outcomes
 
 __all__ = ["Curriculum", "CurriculumKind", "mixed_probability"]
 
@@ -90,15 +92,26 @@ class Curriculum:
         weights = [self.weight(name) for name in names]
         return self._next_of(self._rng.choices(names, weights=weights)[0])
 
-    def observe(self, group: TrajectoryGroup) -> None:
-        """Remember the group's evaluated rewards under its task's template."""
-        template = self._template_of_id.get(group.task_id)
+    def observe(self, task_id: int, outcomes: Iterable[tuple[float, str]]) -> None:
+        """Remember a finished group's (reward, status) pairs under its task's template;
+        episodes that ended by an infrastructure failure say nothing and are skipped."""
+        template = self._template_of_id.get(task_id)
         if template is None:
             return
         rewards = self._rewards[template]
-        for trajectory in group.trajectories:
-            if trajectory.status in EVALUATED_STATUSES:
-                rewards.append(1.0 if trajectory.reward > 0.5 else 0.0)
+        for reward, status in outcomes:
+            if status in EVALUATED_STATUSES:
+                rewards.append(1.0 if reward > 0.5 else 0.0)
+
+    def observe_store(self, path: str | Path, split: str) -> int:
+        """Observe the groups of `split` in a trajectory store (a resumed run draws on
+        what it saw; only the rewards are decoded). Returns how many were observed."""
+        seen = 0
+        for group in iter_outcomes(path):
+            if group.split == split:
+                self.observe(group.task_id, [(t.reward, t.status) for t in group.trajectories])
+                seen += 1
+        return seen
 
     def weight(self, template: str) -> float:
         rewards = self._rewards.get(template, ())

@@ -377,6 +377,9 @@ class Daemon:
             seed=config.scheduler.seed + self._updates_done(),
             curriculum=config.scheduler.curriculum,
         )
+        if config.scheduler.curriculum == "signal":
+            curriculum, split = self._scheduler.curriculum, config.scheduler.split
+            await anyio.to_thread.run_sync(curriculum.observe_store, store_path, split)
         if config.learner.max_staleness == 0 and self._learner.statistics().updating:
             self._scheduler.hold_for_update(True)  # released when that update is published
         if self._supervisor is not None and not self._supervisor.is_up:

@@ -201,7 +201,9 @@ class Scheduler:
                     return
             self._finished += 1
             self._mixed += _mixed(group)
-            self.curriculum.observe(group)
+            self.curriculum.observe(
+                group.task_id, [(t.reward, t.status) for t in group.trajectories]
+            )
             turns = sum(len(t.turns) for t in group.trajectories)
             self._finishes.append((time.monotonic(), turns, len(group.trajectories)))
         finally:

@@ -30,6 +30,7 @@ __all__ = [
     "TrajectoryStore",
     "iter_group_ids",
     "iter_groups",
+    "iter_outcomes",
     "read_group",
     "read_groups",
     "store_path",
@@ -175,6 +176,35 @@ class _GroupId(msgspec.Struct):
 
 
 _id_decoder = msgspec.json.Decoder(_GroupId)
+
+
+class EpisodeOutcome(msgspec.Struct, frozen=True):
+    reward: float = 0.0
+    status: str = "exited"
+
+
+class GroupOutcome(msgspec.Struct, frozen=True):
+    """What a stored group's episodes scored, without their turns."""
+
+    task_id: int
+    trajectories: list[EpisodeOutcome]
+    split: str = ""
+
+
+_outcome_decoder = msgspec.json.Decoder(GroupOutcome)
+
+
+def iter_outcomes(run_or_file: str | Path) -> Iterator[GroupOutcome]:
+    """Task, rewards and statuses of every stored group, oldest first (a torn last line
+    is skipped; none when the store does not exist yet); the turns are not decoded."""
+    path = store_path(run_or_file)
+    if not path.exists():
+        return
+    for number, line in _lines(path):
+        try:
+            yield _outcome_decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
 
 
 def iter_group_ids(run_or_file: str | Path) -> Iterator[str]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from runtime.curriculum import Curriculum, mixed_probability, template_of
 from runtime.messages import TaskConfig, Trajectory, TrajectoryGroup
+from runtime.store import TrajectoryStore
 
 
 def _task(task_id: int, template: int) -> TaskConfig:
@@ -17,21 +19,10 @@ def _task(task_id: int, template: int) -> TaskConfig:
     )
 
 
-def _group(task: TaskConfig, rewards: list[float], status: str = "exited") -> TrajectoryGroup:
-    trajectories = [
-        Trajectory(
-            episode_id=f"{task.task_id}-{i}",
-            group_id=str(task.task_id),
-            task_id=task.task_id,
-            intent=task.intent,
-            reward=reward,
-            status=status,
-        )
-        for i, reward in enumerate(rewards)
-    ]
-    return TrajectoryGroup(
-        group_id=str(task.task_id), task_id=task.task_id, trajectories=trajectories, created_at=0
-    )
+def _observe(
+    curriculum: Curriculum, task: TaskConfig, rewards: list[float], status: str = "exited"
+) -> None:
+    curriculum.observe(task.task_id, [(reward, status) for reward in rewards])
 
 
 @pytest.mark.parametrize(("successes", "failures", "size"), [(0, 0, 4), (0, 8, 4), (3, 1, 8)])
@@ -67,9 +58,9 @@ def test_signal_draws_toward_templates_whose_groups_are_mixed() -> None:
     before = curriculum.weights()
     assert before["t:0"] == before["t:1"] == before["t:2"] > 0  # unseen: task counts alone
     for _ in range(4):
-        curriculum.observe(_group(tasks[0], [0, 0, 0, 0]))
-        curriculum.observe(_group(tasks[10], [1, 1, 1, 1]))
-        curriculum.observe(_group(tasks[20], [1, 0, 0, 1]))
+        _observe(curriculum, tasks[0], [0, 0, 0, 0])
+        _observe(curriculum, tasks[10], [1, 1, 1, 1])
+        _observe(curriculum, tasks[20], [1, 0, 0, 1])
     after = curriculum.weights()
     assert after["t:2"] > 5 * after["t:0"] > 0
     assert after["t:1"] == pytest.approx(after["t:0"])
@@ -93,13 +84,33 @@ def test_signal_forgets_old_groups_and_ignores_infrastructure_failures() -> None
     tasks = [_task(0, 0), _task(1, 1)]
     curriculum = Curriculum(tasks, kind="signal", group_size=4, seed="0", window=8)
     fresh = curriculum.weight("t:0")
-    curriculum.observe(_group(tasks[0], [0, 0, 0, 0], status="interrupted"))
-    curriculum.observe(_group(_task(7, 0), [0, 0, 0, 0]))  # a task it does not draw from
+    _observe(curriculum, tasks[0], [0, 0, 0, 0], status="interrupted")
+    _observe(curriculum, _task(7, 0), [0, 0, 0, 0])  # a task it does not draw from
     assert curriculum.weight("t:0") == fresh
     for _ in range(3):
-        curriculum.observe(_group(tasks[0], [0, 0, 0, 0]))
+        _observe(curriculum, tasks[0], [0, 0, 0, 0])
     failing = curriculum.weight("t:0")
     assert failing < fresh / 2
-    curriculum.observe(_group(tasks[0], [1, 0, 1, 0]))
-    curriculum.observe(_group(tasks[0], [0, 1, 1, 0]))  # the window now holds only these
+    _observe(curriculum, tasks[0], [1, 0, 1, 0])
+    _observe(curriculum, tasks[0], [0, 1, 1, 0])  # the window now holds only these
     assert curriculum.weight("t:0") > failing * 2
+
+
+def test_a_resumed_run_draws_on_the_groups_in_its_store(tmp_path: Path) -> None:
+    tasks = [_task(0, 0), _task(1, 1)]
+    with TrajectoryStore(tmp_path / "trajectories.jsonl") as store:
+        for split in ("train", "train", "test"):
+            episodes = [
+                Trajectory(episode_id=f"{split}{i}", group_id=split, task_id=0, intent="",
+                           reward=0.0, status="exited")
+                for i in range(4)
+            ]  # fmt: skip
+            store.append(TrajectoryGroup(group_id=split, task_id=0, trajectories=episodes,
+                                         created_at=0, split=split))  # fmt: skip
+    curriculum = Curriculum(tasks, kind="signal", group_size=4, seed="0")
+    fresh = curriculum.weight("t:0")
+    assert curriculum.observe_store(tmp_path, "train") == 2
+    # The two train groups (8 failures), not the test one.
+    assert curriculum.weight("t:0") == pytest.approx(mixed_probability(0, 8, 4))
+    assert curriculum.weight("t:0") < fresh
+    assert curriculum.observe_store(tmp_path / "none", "train") == 0

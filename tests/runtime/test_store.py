@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 
@@ -19,6 +20,7 @@ from runtime.store import (
     TrajectoryStore,
     iter_group_ids,
     iter_groups,
+    iter_outcomes,
     read_group,
     read_groups,
     store_path,
@@ -92,6 +94,27 @@ def test_ids_and_groups_by_id_and_the_unseen_ones(tmp_path: Path) -> None:
     assert read_groups(path, ["g3", "g1", "g7"]) == [groups[1], groups[3]]
     journaled = {"g0", "g2"}
     assert unseen_groups(path, journaled.__contains__) == [groups[1], groups[3]]
+
+
+def test_outcomes_are_read_without_the_turns(tmp_path: Path) -> None:
+    """What a resumed run's curriculum reads: task, split, rewards and statuses."""
+    path = tmp_path / STORE_FILE
+    assert list(iter_outcomes(path)) == []  # no store yet
+    groups = [_group(1), msgspec.structs.replace(_group(2), split="train")]
+    failed = msgspec.structs.replace(groups[1].trajectories[0], status="error:browser")
+    groups[1] = msgspec.structs.replace(
+        groups[1], trajectories=[failed, *groups[1].trajectories[1:]]
+    )
+    with TrajectoryStore(path) as store:
+        for group in groups:
+            store.append(group)
+    with path.open("ab") as handle:
+        handle.write(encode(_group(9))[:-10])
+    outcomes = list(iter_outcomes(path))
+    assert [(o.task_id, o.split) for o in outcomes] == [(1, ""), (2, "train")]
+    assert [(t.reward, t.status) for t in outcomes[1].trajectories] == [
+        (0.0, "error:browser"), (1.0, "exited"), (0.0, "exited"), (1.0, "exited")
+    ]  # fmt: skip
 
 
 def test_a_torn_last_line_is_reported_and_cut(tmp_path: Path) -> None:
