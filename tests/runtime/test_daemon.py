@@ -253,9 +253,7 @@ def test_train_publishes_swaps_resumes_and_survives_sigkill(sku_model: Path) -> 
     finally:
         proc.kill()
         proc.wait(timeout=30)  # reaped: no Popen left to warn at garbage collection
-    _, alive = psutil.wait_procs(
-        [psutil.Process(p) for p in children if psutil.pid_exists(p)], timeout=30
-    )
+    _, alive = psutil.wait_procs(_living(children), timeout=30)
     assert not alive, f"left running after SIGKILL: {[p.cmdline()[:3] for p in alive]}"
     trained_second = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
 
@@ -268,6 +266,17 @@ def test_train_publishes_swaps_resumes_and_survives_sigkill(sku_model: Path) -> 
     trained_third = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
     everything = trained_first + trained_second + trained_third
     assert len(everything) == len(set(everything)), "a group was trained twice"
+
+
+def _living(pids: set[int]) -> list[psutil.Process]:
+    """The processes of `pids` still there (one may exit between any two calls)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def _chromium_roots(pid: int) -> list[psutil.Process]:
