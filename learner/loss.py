@@ -47,19 +47,12 @@ from torch import Tensor
 __all__ = [
     "LossParts",
     "group_advantages",
-    "is_zero_variance",
     "mgrpo_loss",
     "token_logprobs",
     "triple_mean_weights",
-    "zero_advantage_fraction",
 ]
 
 _MAX_LOG_RATIO = 20.0
-
-
-def is_zero_variance(rewards: Sequence[float]) -> bool:
-    """True when every reward of a group is equal (a group of one included): no signal."""
-    return all(r == rewards[0] for r in rewards)
 
 
 def group_advantages(rewards: Tensor, *, eps: float) -> Tensor:
@@ -79,13 +72,6 @@ def group_advantages(rewards: Tensor, *, eps: float) -> Tensor:
         return torch.zeros_like(rewards)
     centered = rewards - rewards.mean()
     return centered / (rewards.std(correction=0) + eps)
-
-
-def zero_advantage_fraction(groups: Sequence[Sequence[float]]) -> float:
-    """Fraction of groups (each a list of rewards) whose rewards are all equal; 0 if none."""
-    if not groups:
-        return 0.0
-    return sum(is_zero_variance(g) for g in groups) / len(groups)
 
 
 def triple_mean_weights(token_counts: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -49,7 +49,6 @@ from learner.batch import Decode
 from learner.checkpoint import ConsumedJournal, Ledger, prune_adapters
 from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
-from learner.loss import is_zero_variance
 from runtime.config import LearnerConfig
 from runtime.messages import (
     EVALUATED_STATUSES,
@@ -270,7 +269,7 @@ class Learner:
                 "learner.stale_group", group_id=group.group_id, made_by=oldest, now=self.version
             )
             return
-        if is_zero_variance([t.reward for t in group.trajectories]):
+        if not group.rewards_differ():
             self._zero_variance += 1
             self._set_aside.zero_variance.append(group.group_id)
             return

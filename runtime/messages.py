@@ -321,6 +321,13 @@ class TrajectoryGroup(_Msg, frozen=True):
     created_at: float
     split: str = ""
 
+    def rewards_differ(self) -> bool:
+        """True when the evaluated trajectories' rewards are not all equal: the group's GRPO
+        advantages are not all zero, so it can teach (the scheduler counts these groups as
+        mixed; the learner sets the others aside)."""
+        rewards = {t.reward for t in self.trajectories if t.status in EVALUATED_STATUSES}
+        return len(rewards) > 1
+
 
 class ElementQuery(_Msg, frozen=True):
     """How a scripted plan names an element: by tag, visible text and attributes.

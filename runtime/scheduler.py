@@ -30,7 +30,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from runtime.curriculum import Curriculum, CurriculumKind
-from runtime.messages import EVALUATED_STATUSES, TaskConfig, TrajectoryGroup
+from runtime.messages import TaskConfig, TrajectoryGroup
 from runtime.rollout import Rollout
 
 __all__ = ["Scheduler", "SchedulerStatistics"]
@@ -200,7 +200,7 @@ class Scheduler:
                     log.error("scheduler.group_dropped", group_id=group.group_id)
                     return
             self._finished += 1
-            self._mixed += _mixed(group)
+            self._mixed += group.rewards_differ()
             self.curriculum.observe(
                 group.task_id, [(t.reward, t.status) for t in group.trajectories]
             )
@@ -239,11 +239,6 @@ class Scheduler:
             held_for=tuple(sorted(self.rollout.gate.closed_for)),
             groups_mixed=self._mixed,
         )
-
-
-def _mixed(group: TrajectoryGroup) -> bool:
-    rewards = {t.reward > 0.5 for t in group.trajectories if t.status in EVALUATED_STATUSES}
-    return len(rewards) == 2
 
 
 def _failed(status: str) -> bool:

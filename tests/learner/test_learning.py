@@ -24,7 +24,6 @@ import anyio
 import pytest
 import torch
 
-from learner.loss import is_zero_variance
 from learner.trainer import Learner
 from policy.adapters import read_manifest
 from policy.prompt import PromptRenderer
@@ -207,7 +206,7 @@ async def train(
             rollout += 1
             for group in groups:
                 await send.send(group)
-                if is_zero_variance([t.reward for t in group.trajectories]):
+                if not group.rewards_differ():
                     continue  # set aside by the learner, as it must be
                 useful += 1
                 if useful % config.batch_groups == 0:  # this group completed a batch

@@ -100,6 +100,28 @@ def test_group_round_trip(fmt: str) -> None:
     assert decode_group(data, format=fmt) == group  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("outcomes", "differ"),
+    [
+        ([(1.0, "exited"), (0.0, "max_turns")], True),
+        ([(1.0, "exited"), (1.0, "exited"), (1.0, "repeated_actions")], False),
+        ([(0.0, "exited")], False),  # a group of one
+        # an infrastructure failure's reward says nothing: this group cannot teach
+        ([(1.0, "exited"), (0.0, "error:browser"), (0.0, "interrupted")], False),
+        ([(0.0, "parse_failures"), (0.0, "error:browser"), (1.0, "exited")], True),
+    ],
+)
+def test_rewards_differ_counts_only_evaluated_trajectories(
+    outcomes: list[tuple[float, str]], differ: bool
+) -> None:
+    trajectories = [
+        Trajectory(episode_id=f"e{i}", group_id="g", task_id=1, intent="x", reward=r, status=s)  # type: ignore[arg-type]
+        for i, (r, s) in enumerate(outcomes)
+    ]
+    group = TrajectoryGroup(group_id="g", task_id=1, trajectories=trajectories, created_at=0.0)
+    assert group.rewards_differ() is differ
+
+
 EVENTS: list[Event] = [
     EpisodeStarted(at=1.0, episode_id="e", group_id="g", task_id=1),
     TurnTaken(at=1.0, episode_id="e", index=0, action="go_backward()", error="blocked"),
