@@ -96,9 +96,7 @@ class Scheduler:
         self.send = send
         self.group_size = group_size
         self.split = split
-        self.seed = seed
         self.num_groups = num_groups
-        self.shuffle = shuffle
         # A semaphore, not a CapacityLimiter: the producer acquires, the group task releases.
         self._slots = anyio.Semaphore(max_groups)
         self._producer = anyio.CancelScope()
