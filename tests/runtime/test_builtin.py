@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from runtime.browser import BrowserPool
-from runtime.config import Config, ObservationConfig, SitesConfig
+from runtime.config import BrowserConfig, Config, ObservationConfig, SitesConfig
 from runtime.environment import BuiltinEnvironment, serve_builtin_environment
 from runtime.messages import TaskConfig
 from runtime.oracle import OraclePolicy
@@ -18,6 +18,14 @@ from runtime.runner import run_tasks
 HTML = msgspec.structs.replace(Config(), observation=ObservationConfig(style="html"))
 
 pytestmark = [pytest.mark.anyio, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+async def pool(anyio_backend: str) -> AsyncIterator[BrowserPool]:
+    """A browser with the product's action and navigation timeouts (the shared test pool's
+    3 s made a search time out under load: 32 contexts at once on 2 busy cores)."""
+    async with BrowserPool(BrowserConfig(wait_action_s=0.2)) as browser_pool:
+        yield browser_pool
 
 
 @pytest.fixture(scope="module")
