@@ -3,7 +3,7 @@ R1-Zero on the built-in suite.
 
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
-        [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 1.0]
+        [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
         [--server-threads 0] [--curriculum uniform]
 
 The product's own commands are the system under test, run as subprocesses:
@@ -77,6 +77,7 @@ from typing import Any
 import anyio
 
 from bench.common import LoadSampler, format_table, load_note, pss_bytes, write_result
+from runtime.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("bc", "bc+rl", "control", "r1-zero")
@@ -554,18 +555,24 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--eval-concurrency", type=int, default=16, help="episodes at once per evaluation")
     add("--server-threads", type=int, default=0,
         help="policy.cpu_threads of every vLLM server (0: vLLM's choice)")  # fmt: skip
-    add("--group-size", type=int, default=4)
+    # The RL arms' defaults are `webagent train`'s own (runtime/config.py), but for two
+    # episodes fewer in flight and 10 turns: the arms' evaluations share the CPU.
+    defaults = Config()
+    add("--group-size", type=int, default=defaults.scheduler.group_size)
     add("--groups-in-flight", type=int, default=2)
-    add("--batch-groups", type=int, default=2)
+    add("--batch-groups", type=int, default=defaults.learner.batch_groups)
     add("--train-max-turns", type=int, default=10)
-    add("--rl-lr", type=float, default=3e-4)
-    add("--rl-temperature", type=float, default=1.0, help="sampling temperature of RL rollouts")
+    add("--rl-lr", type=float, default=defaults.learner.learning_rate)
+    add("--rl-temperature", type=float, default=defaults.policy.temperature,
+        help="sampling temperature of RL rollouts")  # fmt: skip
     add("--curriculum", choices=("uniform", "signal"), default="uniform",
         help="scheduler.curriculum of the RL arms")  # fmt: skip
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
-    add("--optimizer-steps", type=int, default=2, help="per update (1: ratio == 1, no clip/KL)")
-    add("--threads", type=int, default=1, help="torch threads of the RL learner")
+    add("--optimizer-steps", type=int, default=defaults.learner.optimizer_steps,
+        help="per update (1: ratio == 1, no clip/KL)")  # fmt: skip
+    add("--threads", type=int, default=defaults.learner.torch_threads,
+        help="torch threads of the RL learner")  # fmt: skip
     add("--bc-threads", type=int, default=0, help="torch threads of BC (0: one per core)")
     add("--seed", type=int, default=0, help="training seed")
     add("--smoke", action="store_true", help="everything shrunk (~20 min)")

@@ -30,6 +30,7 @@ CONFIG = LearnerConfig(
     lora_rank=4,
     lora_alpha=8,
     learning_rate=1e-2,
+    optimizer_steps=1,
     micro_batch_tokens=64,
     # the update recomputes old log-probs (ratio 1 before the step; the groups here carry
     # made-up server log-probs)

@@ -120,6 +120,7 @@ model = "{root / "bc"}"
 max_model_len = 2048
 max_tokens = 64
 startup_timeout_s = 600.0
+temperature = 1.0
 [scheduler]
 group_size = 4
 max_groups_in_flight = 1
@@ -128,6 +129,7 @@ max_turns = 2
 stream_buffer = 0
 [learner]
 batch_groups = 1
+optimizer_steps = 1
 learning_rate = 1e-4
 torch_threads = 1
 [daemon]

@@ -42,6 +42,7 @@ url = "{server.url}"
 model = "{model}"
 max_model_len = 2048
 max_tokens = 16
+temperature = 1.0
 adapter_prefix = "stop{uuid.uuid4().hex[:6]}"
 [scheduler]
 group_size = 2
@@ -51,6 +52,8 @@ max_turns = 2
 stream_buffer = 1
 [learner]
 batch_groups = 1
+optimizer_steps = 1
+learning_rate = 1e-4
 torch_threads = 1
 [daemon]
 run_dir = "{root / "run"}"
