@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
-from runtime.config import load_config
+from runtime.config import Config, load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CONFIGS = sorted(DEPLOY.glob("*.toml"))
@@ -36,3 +36,13 @@ def test_the_gpu_host_reads_its_token_from_the_environment() -> None:
     assert endpoint.host == "0.0.0.0" and endpoint.token_env == "WEBAGENT_TOKEN"
     compose = (DEPLOY / "compose.gpu.yaml").read_text()
     assert "WEBAGENT_TOKEN: ${WEBAGENT_TOKEN:?" in compose
+
+
+def test_the_cpu_demo_is_the_embedded_default_written_out() -> None:
+    """cpu-demo.toml says `webagent train` with no config uses its values: it does."""
+    demo = load_config(DEPLOY / "cpu-demo.toml")
+    default = Config()
+    assert demo.daemon.run_dir != default.daemon.run_dir  # its own run directory
+    for section in ("sites", "browser", "policy", "scheduler", "learner", "endpoint"):
+        assert getattr(demo, section) == getattr(default, section), section
+    assert demo.daemon.data_dir == default.daemon.data_dir
