@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.common import LoadSampler, descendants, finish, load_note, pss_bytes
+from runtime.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,6 +111,36 @@ def _read(stream: IO[str], watch: Watch, log: IO[str]) -> None:
             watch.enter(name, time.monotonic())
 
 
+def run_facts(clone: Path, log_path: Path) -> list[str]:
+    """What BC reached and what the training rollouts solved, read from the run's own log
+    and event file (why the first update came when it did, or did not come)."""
+    facts = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if '"bootstrap.bc_done"' in line:
+            done = json.loads(line)
+            facts.append(
+                f"BC: {done['steps']} steps at {done['tokens_per_s']} trained tokens/s, held-out "
+                f"demonstrated actions right {done['heldout_accuracy']:.0%} (teacher-forced)"
+            )
+    run_dir = clone / "runs" / "default"
+    events = run_dir / "metrics.jsonl"
+    if events.is_file():
+        groups = [
+            e["rewards"]
+            for e in map(json.loads, events.read_text().splitlines())
+            if e.get("event") == "GroupReady"
+        ]
+        batch = load_config(run_dir / "config.toml").learner.batch_groups
+        episodes = sum(len(g) for g in groups)
+        solved = sum(r > 0 for g in groups for r in g)
+        mixed = sum(len(set(g)) > 1 for g in groups)
+        facts.append(
+            f"training rollouts: {len(groups)} groups, {solved} of {episodes} episodes "
+            f"solved, {mixed} groups with mixed rewards (an update trains on {batch})"
+        )
+    return facts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=1, help="stop after N learner updates")
@@ -179,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             else "not reached"
         ),
         f"peak PSS of the whole tree {peak_total / 2**30:.2f} GiB; log: {log_path}",
+        *run_facts(clone, log_path),
         load_note(load),
     ]
     result: dict[str, Any] = {

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench import firstrun
 
@@ -66,3 +67,26 @@ def test_sample_splits_the_tree_by_part_and_keeps_each_stage_peak() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_run_facts_say_what_bc_reached_and_what_the_rollouts_solved(tmp_path: Path) -> None:
+    log = tmp_path / "firstrun.log"
+    log.write_text(
+        "make: building\n"
+        '{"steps": 50, "tokens_per_s": 289, "heldout_accuracy": 0.7115, '
+        '"event": "bootstrap.bc_done"}\n'
+    )
+    run_dir = tmp_path / "runs" / "default"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text("[learner]\nbatch_groups = 3\n")
+    ready = [[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
+    events = [{"event": "GroupReady", "at": 1.0, "group_id": f"g{i}", "task_id": i, "rewards": r}
+              for i, r in enumerate(ready)]  # fmt: skip
+    events.append({"event": "EpisodeStarted", "at": 1.0})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert firstrun.run_facts(tmp_path, log) == [
+        "BC: 50 steps at 289 trained tokens/s, held-out demonstrated actions right 71% "
+        "(teacher-forced)",
+        "training rollouts: 3 groups, 6 of 12 episodes solved, 1 groups with mixed rewards "
+        "(an update trains on 3)",
+    ]
