@@ -270,9 +270,23 @@ def _bc(
 
 
 def bc_summary(folder: Path) -> dict[str, Any]:
-    """A BC checkpoint's bc.json without its history."""
+    """A BC checkpoint's bc.json without its history, with `total_steps` and
+    `total_wall_s` over the chain of BC runs it was made by (each run's `base_model`,
+    while that folder has a bc.json of its own: BC continued from an earlier BC model)."""
     report: dict[str, Any] = json.loads((folder / "bc.json").read_text())
     report.pop("history", None)
+    steps, wall, seen = report.get("steps", 0), report.get("wall_s", 0.0), {folder.resolve()}
+    base = report.get("base_model")
+    while base:
+        earlier = Path(base) if Path(base).is_absolute() else ROOT / base
+        if earlier.resolve() in seen or not (earlier / "bc.json").is_file():
+            break
+        seen.add(earlier.resolve())
+        before = json.loads((earlier / "bc.json").read_text())
+        steps += before.get("steps", 0)
+        wall += before.get("wall_s", 0.0)
+        base = before.get("base_model")
+    report["total_steps"], report["total_wall_s"] = steps, wall
     return report
 
 
@@ -756,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     headers = ["arm", "test success % ± SE", "ood success % ± SE", "adapter", "groups",
                "mixed", "trained"]  # fmt: skip
     trained = {
-        "bc": f"{bc.get('wall_s', 0) / 60:.1f} min BC",
+        "bc": f"{bc.get('total_wall_s', bc.get('wall_s', 0)) / 60:.1f} min BC",
         "control": f"+{exp.control.get('bc_wall_s', 0) / 60:.1f} min BC",
         **{arm: f"+{r['train_s'] / 60:.1f} min RL" for arm, r in runs.items()},
     }
@@ -781,7 +795,13 @@ def main(argv: list[str] | None = None) -> int:
         f"held-out turn accuracy {bc.get('heldout_accuracy', float('nan')):.3f}, episode "
         f"accuracy {bc.get('heldout_episode_accuracy', float('nan')):.3f}"
         f"{' (cached)' if bc.get('cached') else ''}"
-        f"{' (given: --bc-model)' if bc.get('given') else ''}",
+        f"{' (given: --bc-model)' if bc.get('given') else ''}"
+        + (
+            f"; {bc['total_steps']} steps in {bc['total_wall_s'] / 60:.1f} min with the BC "
+            "runs it continued"
+            if bc.get("total_steps", bc.get("steps")) != bc.get("steps")
+            else ""
+        ),
         *(
             [
                 f"control: {exp.control['steps']} more BC steps in "

@@ -154,3 +154,22 @@ def test_parse_arms_keeps_the_order_and_what_the_control_needs() -> None:
     for bad in ("", "bc,sft"):
         with pytest.raises(argparse.ArgumentTypeError):
             learning._parse_arms(bad)
+
+
+def test_bc_summary_totals_the_bc_runs_a_checkpoint_continued(tmp_path: Path) -> None:
+    def bc(name: str, base: Path, steps: int, wall_s: float) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        report = {"base_model": str(base), "steps": steps, "wall_s": wall_s, "history": [1]}
+        (folder / "bc.json").write_text(json.dumps(report))
+        return folder
+
+    pretrained = tmp_path / "smollm2"
+    pretrained.mkdir()  # no bc.json: where the chain ends
+    first = bc("first", pretrained, 278, 2762.0)
+    second = bc("second", first, 140, 1557.0)
+    report = learning.bc_summary(second)
+    assert "history" not in report
+    assert (report["steps"], report["total_steps"]) == (140, 418)
+    assert report["total_wall_s"] == pytest.approx(4319.0)
+    assert learning.bc_summary(first)["total_steps"] == 278
