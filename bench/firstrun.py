@@ -32,6 +32,8 @@ from typing import IO, Any
 
 from bench.common import LoadSampler, descendants, finish, load_note, pss_bytes
 from runtime.config import load_config
+from runtime.messages import rewards_differ
+from runtime.store import iter_outcomes, store_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +115,7 @@ def _read(stream: IO[str], watch: Watch, log: IO[str]) -> None:
 
 def run_facts(clone: Path, log_path: Path) -> list[str]:
     """What BC reached and what the training rollouts solved, read from the run's own log
-    and event file (why the first update came when it did, or did not come)."""
+    and trajectory store (why the first update came when it did, or did not come)."""
     facts = []
     for line in log_path.read_text(errors="replace").splitlines():
         if '"bootstrap.bc_done"' in line:
@@ -123,17 +125,12 @@ def run_facts(clone: Path, log_path: Path) -> list[str]:
                 f"demonstrated actions right {done['heldout_accuracy']:.0%} (teacher-forced)"
             )
     run_dir = clone / "runs" / "default"
-    events = run_dir / "metrics.jsonl"
-    if events.is_file():
-        groups = [
-            e["rewards"]
-            for e in map(json.loads, events.read_text().splitlines())
-            if e.get("event") == "GroupReady"
-        ]
+    if store_path(run_dir).is_file():
+        groups = list(iter_outcomes(run_dir))
         batch = load_config(run_dir / "config.toml").learner.batch_groups
-        episodes = sum(len(g) for g in groups)
-        solved = sum(r > 0 for g in groups for r in g)
-        mixed = sum(len(set(g)) > 1 for g in groups)
+        episodes = sum(len(g.trajectories) for g in groups)
+        solved = sum(t.reward > 0 for g in groups for t in g.trajectories)
+        mixed = sum(rewards_differ(g.trajectories) for g in groups)
         facts.append(
             f"training rollouts: {len(groups)} groups, {solved} of {episodes} episodes "
             f"solved, {mixed} groups with mixed rewards (an update trains on {batch})"

@@ -770,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     headers = ["arm", "test success % ± SE", "ood success % ± SE", "adapter", "groups",
                "mixed", "trained"]  # fmt: skip
     trained = {
-        "bc": f"{bc.get('total_wall_s', bc.get('wall_s', 0)) / 60:.1f} min BC",
+        "bc": f"{bc.get('total_wall_s', 0) / 60:.1f} min BC",
         "control": f"+{exp.control.get('bc_wall_s', 0) / 60:.1f} min BC",
         **{arm: f"+{r['train_s'] / 60:.1f} min RL" for arm, r in runs.items()},
     }
@@ -799,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         + (
             f"; {bc['total_steps']} steps in {bc['total_wall_s'] / 60:.1f} min with the BC "
             "runs it continued"
-            if bc.get("total_steps", bc.get("steps")) != bc.get("steps")
+            if bc.get("total_steps") != bc.get("steps")
             else ""
         ),
         *(

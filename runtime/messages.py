@@ -12,7 +12,8 @@ This module sits at the bottom of the project: it imports nothing of it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -57,6 +58,7 @@ __all__ = [
     "encode",
     "encode_task",
     "encode_tasks",
+    "rewards_differ",
 ]
 
 
@@ -294,6 +296,20 @@ TrajectoryStatus = str  # "exited" | "max_turns" | "interrupted" | "error:<kind>
 EVALUATED_STATUSES = frozenset({"exited", "max_turns", "parse_failures", "repeated_actions"})
 
 
+class _Scored(Protocol):
+    @property
+    def reward(self) -> float: ...
+    @property
+    def status(self) -> str: ...
+
+
+def rewards_differ(episodes: Iterable[_Scored]) -> bool:
+    """True when the evaluated episodes' rewards are not all equal: their group's GRPO
+    advantages are not all zero, so it can teach (the scheduler counts these groups as
+    mixed; the learner sets the others aside)."""
+    return len({e.reward for e in episodes if e.status in EVALUATED_STATUSES}) > 1
+
+
 class Trajectory(_Msg, frozen=True):
     """One episode of a task, from the first observation to the reward."""
 
@@ -322,11 +338,8 @@ class TrajectoryGroup(_Msg, frozen=True):
     split: str = ""
 
     def rewards_differ(self) -> bool:
-        """True when the evaluated trajectories' rewards are not all equal: the group's GRPO
-        advantages are not all zero, so it can teach (the scheduler counts these groups as
-        mixed; the learner sets the others aside)."""
-        rewards = {t.reward for t in self.trajectories if t.status in EVALUATED_STATUSES}
-        return len(rewards) > 1
+        """`rewards_differ` of its trajectories: the group can teach."""
+        return rewards_differ(self.trajectories)
 
 
 class ElementQuery(_Msg, frozen=True):

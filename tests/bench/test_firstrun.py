@@ -79,14 +79,25 @@ def test_run_facts_say_what_bc_reached_and_what_the_rollouts_solved(tmp_path: Pa
     run_dir = tmp_path / "runs" / "default"
     run_dir.mkdir(parents=True)
     (run_dir / "config.toml").write_text("[learner]\nbatch_groups = 3\n")
-    ready = [[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
-    events = [{"event": "GroupReady", "at": 1.0, "group_id": f"g{i}", "task_id": i, "rewards": r}
-              for i, r in enumerate(ready)]  # fmt: skip
-    events.append({"event": "EpisodeStarted", "at": 1.0})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    # One group also holds an infrastructure failure: not a reward of the policy's, so that
+    # group's evaluated rewards are all 0 and it is not mixed.
+    scored = [
+        [(0.0, "exited")] * 4,
+        [(1.0, "exited"), (0.0, "max_turns"), (0.0, "exited"), (1.0, "exited")],
+        [(1.0, "exited")] * 3 + [(1.0, "repeated_actions")],
+        [(0.0, "exited")] * 3 + [(1.0, "error:browser")],
+    ]
+    groups = [
+        {"group_id": f"g{i}", "task_id": i, "created_at": 1.0, "split": "train",
+         "trajectories": [{"episode_id": f"g{i}-{j}", "group_id": f"g{i}", "task_id": i,
+                           "intent": "x", "reward": r, "status": s}
+                          for j, (r, s) in enumerate(episodes)]}
+        for i, episodes in enumerate(scored)
+    ]  # fmt: skip
+    (run_dir / "trajectories.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
     assert firstrun.run_facts(tmp_path, log) == [
         "BC: 50 steps at 289 trained tokens/s, held-out demonstrated actions right 71% "
         "(teacher-forced)",
-        "training rollouts: 3 groups, 6 of 12 episodes solved, 1 groups with mixed rewards "
+        "training rollouts: 4 groups, 7 of 16 episodes solved, 1 groups with mixed rewards "
         "(an update trains on 3)",
     ]
