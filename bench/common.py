@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.base.files import write_atomic
+
 __all__ = [
     "LoadSampler",
     "command_line",
@@ -259,12 +261,7 @@ def write_result(
     }
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = folder / f"{bench}-{stamp}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=1, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    write_atomic(path, json.dumps(record, indent=1, default=str).encode())
     return path
 
 

@@ -43,12 +43,12 @@ from bench.common import (
 )
 from learner.batch import build_samples, micro_batches
 from policy.prompt import PromptRenderer, build_messages, strip_thought, user_message
-from runtime.config import Config, load_config
+from runtime.base.config import Config, load_config
+from runtime.base.messages import ChatMessage, Trajectory, TrajectoryGroup, Turn
 from runtime.logs import configure_logging
-from runtime.messages import ChatMessage, Trajectory, TrajectoryGroup, Turn
 from runtime.oracle import OraclePolicy
-from runtime.runner import run_tasks
-from runtime.webarena import open_environment
+from runtime.task_runs import run_tasks
+from runtime.webarena_environment import open_environment
 
 
 def full_messages(

@@ -1,4 +1,4 @@
-"""Where a BC checkpoint's turns go wrong (issue 8): greedy replies to demonstrated prompts.
+"""Where a BC checkpoint's turns go wrong: greedy replies to demonstrated prompts.
 
     .venv/bin/python -m bench.errors --model DIR [--demos FILE] [--turns 400]
                                      [--seed 0] [--out bench/out]
@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 from bench.common import LoadSampler, finish, load_note
 from policy.prompt import episode_messages
 from runtime.actions import parse_completion, thought_of
+from runtime.base.messages import Action, ChatMessage
 from runtime.errors import ParseError
-from runtime.messages import Action, ChatMessage
 
 CLASSES = ("same", "thought", "unparsed", "command", "element", "argument")
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.common import LoadSampler, descendants, finish, load_note, pss_bytes
-from runtime.config import load_config
-from runtime.messages import rewards_differ
+from runtime.base.config import load_config
+from runtime.base.messages import rewards_differ
 from runtime.store import iter_outcomes, store_path
 
 ROOT = Path(__file__).resolve().parent.parent

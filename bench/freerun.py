@@ -26,7 +26,7 @@ from bench.common import LoadSampler, finish, load_note
 from policy.profile import model_profile
 from policy.prompt import PromptRenderer, episode_messages, strip_thought, system_prompt
 from runtime.actions import parse_completion
-from runtime.config import SchedulerConfig
+from runtime.base.config import SchedulerConfig
 from runtime.errors import ParseError
 
 

@@ -36,9 +36,9 @@ from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.prompt import PromptRenderer, build_messages
 from policy.server import VLLMServer
-from runtime.config import LearnerConfig, PolicyConfig
+from runtime.base.config import LearnerConfig, PolicyConfig
+from runtime.base.messages import PolicyRequest, TaskConfig
 from runtime.logs import configure_logging
-from runtime.messages import PolicyRequest, TaskConfig
 
 TASK = TaskConfig(task_id=0, intent="Find the price of the blue lamp", start_url="http://x/")
 

@@ -52,9 +52,9 @@ from learner.batch import build_samples, collate, micro_batches
 from learner.checkpoint import Ledger
 from learner.engine import Engine, compute_autocast
 from learner.loss import group_advantages
-from runtime.config import LearnerConfig
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
 from runtime.logs import configure_logging
-from runtime.messages import Trajectory, TrajectoryGroup, Turn
 
 
 def make_groups(args: argparse.Namespace, vocab: int) -> list[TrajectoryGroup]:

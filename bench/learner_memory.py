@@ -52,7 +52,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from learner.checkpoint import Ledger
     from learner.engine import Engine
-    from runtime.config import LearnerConfig
+    from runtime.base.config import LearnerConfig
     from runtime.logs import configure_logging
 
     configure_logging(level="warning")

@@ -77,7 +77,7 @@ from typing import Any
 import anyio
 
 from bench.common import LoadSampler, format_table, load_note, pss_bytes, write_result
-from runtime.config import Config
+from runtime.base.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("bc", "bc+rl", "control", "r1-zero")
@@ -419,7 +419,7 @@ def _with_server(
     subprocess and returns its summary. Returns the server's start-up seconds.
     """
     from policy.server import VLLMServer
-    from runtime.config import PolicyConfig
+    from runtime.base.config import PolicyConfig
 
     folder = out / "cache" / f"learning-{stamp}" / "eval"
     folder.mkdir(parents=True, exist_ok=True)
@@ -569,7 +569,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--eval-concurrency", type=int, default=16, help="episodes at once per evaluation")
     add("--server-threads", type=int, default=0,
         help="policy.cpu_threads of every vLLM server (0: vLLM's choice)")  # fmt: skip
-    # The RL arms' defaults are `webagent train`'s own (runtime/config.py), but for two
+    # The RL arms' defaults are `webagent train`'s own (runtime/base/config.py), but for two
     # episodes fewer in flight and 10 turns: the arms' evaluations share the CPU.
     defaults = Config()
     add("--group-size", type=int, default=defaults.scheduler.group_size)

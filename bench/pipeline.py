@@ -38,18 +38,18 @@ from typing import Any
 import anyio
 
 from bench.common import LoadSampler, finish, load_note, tiny_model
-from runtime.config import Config, load_config
+from runtime.base.config import Config, load_config
+from runtime.base.messages import AdapterPublished, Event, TrajectoryGroup
 from runtime.logs import configure_logging
-from runtime.messages import AdapterPublished, Event, TrajectoryGroup
 
 
 def make_setup(out: Path, *, threads: int) -> tuple[Path, Path]:
     """Task folder (two one-step SKU tasks) and a BC model on them; made once."""
     from learner.bc import behaviour_clone
-    from runtime.config import BCConfig
-    from runtime.messages import encode_tasks
-    from runtime.runner import write_demos
-    from runtime.webarena import open_environment
+    from runtime.base.config import BCConfig
+    from runtime.base.messages import encode_tasks
+    from runtime.task_runs import write_demos
+    from runtime.webarena_environment import open_environment
     from sites.builtin import generate_suite
 
     root = out / "cache" / "pipeline"
@@ -306,14 +306,14 @@ def _mean(values: list[float]) -> float:
 async def run(args: argparse.Namespace, tasks: Path, model: Path, work: Path) -> dict[str, Any]:
     from runtime.browser import BrowserPool
     from runtime.policystack import policy_stack
-    from runtime.webarena import open_environment
+    from runtime.webarena_environment import open_environment
 
     config = bench_config(args, tasks, model, work)
     out: dict[str, Any] = {"modes": {}}
     async with (
         BrowserPool(config.browser) as pool,
         open_environment(config, browser=pool) as env,
-        policy_stack(config, publish=False, log_path=Path(args.out) / "pipeline-vllm.log") as stack,
+        policy_stack(config, log_path=Path(args.out) / "pipeline-vllm.log") as stack,
     ):
         for mode in args.modes.split(","):
             fn = run_sync if mode == "sync" else run_async

@@ -45,7 +45,7 @@ from bench.common import LoadSampler, format_table, load_note, tiny_model, write
 from policy.allocator import preload_env
 from policy.profile import model_profile
 from policy.prompt import system_prompt
-from runtime.config import BCConfig, Config, LearnerConfig, ObservationConfig, SchedulerConfig
+from runtime.base.config import BCConfig, Config, LearnerConfig, ObservationConfig, SchedulerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,8 +82,8 @@ def base_model(out: Path, name: str, seed: int = 0) -> Path:
 
 def demos(out: Path, seed: int, split: str, style: str) -> Path:
     """The oracle's successful episodes of `split` in observation `style` (cached)."""
-    from runtime.runner import write_demos
-    from runtime.webarena import open_environment
+    from runtime.task_runs import write_demos
+    from runtime.webarena_environment import open_environment
 
     path = out / "cache" / f"demos-{style}-{split}-{seed}.jsonl"
     if path.is_file():

@@ -10,7 +10,7 @@ sites' test split (the first `--tasks` tasks, cycled; max(C, `--min-episodes`) e
 in groups of `--group-size`), each with its own Chromium (headless shell) launched
 before the clock starts:
 
-- ours: `runtime.runner.run_tasks` (scheduler, rollout, episodes with observation,
+- ours: `runtime.task_runs.run_tasks` (scheduler, rollout, episodes with observation,
   allowlist, oracle policy, action execution, evaluation), C episodes in flight;
 - baseline, in the style of the reference WebAgent-R1 implementation: the episodes of a
   group stepped one after another (round-robin over min(C, `--baseline-episodes`) open
@@ -53,18 +53,18 @@ from bench.common import (
 )
 from policy.prompt import build_messages
 from runtime.actions import parse_completion
+from runtime.base.config import Config, load_config
+from runtime.base.messages import Action, PolicyRequest, TaskConfig, Trajectory
 from runtime.browser import CHROMIUM_ARGS, BrowserPool, find_chromium
-from runtime.config import Config, load_config
 from runtime.environment import Environment, EpisodeSetup
 from runtime.episode import EpisodeSettings
 from runtime.errors import ActionError, ParseError
 from runtime.logs import configure_logging
-from runtime.messages import Action, PolicyRequest, TaskConfig, Trajectory
 from runtime.observation import ID_ATTRIBUTE, _wrapped_script
 from runtime.oracle import OraclePolicy
-from runtime.runner import run_tasks
 from runtime.session import Allowlist, BrowserSession
-from runtime.webarena import open_environment
+from runtime.task_runs import run_tasks
+from runtime.webarena_environment import open_environment
 
 
 @dataclass

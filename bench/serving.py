@@ -48,7 +48,7 @@ from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams
 from policy.prompt import PromptRenderer
 from policy.server import VLLMServer, server_dtype
-from runtime.config import Allocator, LearnerConfig, PolicyConfig
+from runtime.base.config import Allocator, LearnerConfig, PolicyConfig
 
 OPS = ("grouped", "vllm", "none")
 ALLOCATORS: tuple[Allocator, ...] = get_args(Allocator)

@@ -13,10 +13,10 @@ per update, 2 turns). vLLM is launched by
 the daemon (so that its supervisor is what brings it back).
 
 Every `--every` seconds (uniformly 0.5x-1.5x) one fault, chosen at random:
-- `vllm`: SIGKILL of the vLLM API server only (its engine core stays, as in issue 18);
+- `vllm`: SIGKILL of the vLLM API server only (its engine core stays, as when it crashes alone);
 - `chromium`: SIGKILL of the browser process;
 - `publish`: SIGKILL of the browser process within a tenth of a second of the next adapter
-  publish, as the next groups open their contexts (the moment a run hung at in issue 18);
+  publish, as the next groups open their contexts (the moment a run once hung at);
 - `daemon`: SIGKILL of `webagent train`, which is then checked to leave no process, and
   started again.
 Recovery time: from the kill to the next turn (a `TurnTaken` event) after it. A fault
@@ -108,8 +108,8 @@ def _base(work: Path, model: str) -> Path:
 def _prepare(work: Path, model: str) -> Path:
     """Tasks, demonstrations and a behaviour-cloned model; the config file."""
     from learner.bc import behaviour_clone
-    from runtime.config import BCConfig
-    from runtime.messages import encode_tasks
+    from runtime.base.config import BCConfig
+    from runtime.base.messages import encode_tasks
     from sites.builtin import generate_suite, plan_for
 
     bc = work / "bc"

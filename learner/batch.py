@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from learner.errors import BatchError
 from learner.loss import triple_mean_weights
-from runtime.messages import TrajectoryGroup
+from runtime.base.messages import TrajectoryGroup
 
 if TYPE_CHECKING:
     import torch

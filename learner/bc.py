@@ -41,11 +41,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import random
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -58,14 +56,15 @@ from learner.batch import MicroBatch, TurnSample, collate, micro_batches
 from learner.demos import BCExample, demo_examples, read_demos, split_heldout
 from learner.engine import compute_autocast, lr_factor, resolve_device
 from learner.errors import LearnerError, TrainingError
-from learner.lora import attach_lora, fsync_dir, fsync_tree
+from learner.lora import attach_lora
 from learner.loss import token_logprobs, triple_mean_weights
 from policy.profile import model_profile
 from policy.prompt import PromptRenderer
 from policy.prompt import system_prompt as named_prompt
 from policy.tiny import is_tiny_model
-from runtime.config import BCConfig, LearnerConfig
-from runtime.messages import TrajectoryGroup
+from runtime.base.config import BCConfig, LearnerConfig
+from runtime.base.files import write_folder
+from runtime.base.messages import TrajectoryGroup
 
 __all__ = [
     "BCEval",
@@ -86,7 +85,7 @@ log = structlog.get_logger("learner.bc")
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 REPORT_FILE = "bc.json"
-# bc.prompt_loss "auto" for a tiny model made here (runtime.config.BCConfig says why).
+# bc.prompt_loss "auto" for a tiny model made here (runtime.base.config.BCConfig says why).
 TINY_PROMPT_LOSS = 1.0
 
 
@@ -595,9 +594,8 @@ def _train(
 
 def _save_model(model: Any, base: Path, target: Path, report: BCReport) -> None:
     """save_pretrained + the base's tokenizer files + bc.json, atomically at `target`."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+
+    def fill(tmp: Path) -> None:
         model.cpu().save_pretrained(str(tmp))
         if base.is_dir():
             for item in base.iterdir():
@@ -609,10 +607,5 @@ def _save_model(model: Any, base: Path, target: Path, report: BCReport) -> None:
                 ):
                     shutil.copy2(item, tmp / item.name)
         (tmp / REPORT_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-        fsync_tree(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-        fsync_dir(target.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_folder(target, fill, replace=True)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from pathlib import Path
 import msgspec
 
 from learner.errors import CheckpointError
-from learner.lora import fsync_dir, fsync_tree
+from runtime.base.files import write_folder, write_synced
 
 __all__ = [
     "ConsumedJournal",
@@ -123,28 +122,20 @@ def write_checkpoint(
     """Write a checkpoint atomically: `write_files(tmp)` writes the tensors, then
     `state.json` goes last; the folder is renamed into place. Older checkpoints beyond the
     newest `keep` are removed afterwards."""
-    root.mkdir(parents=True, exist_ok=True)
     final = root / _name(state.version)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+
+    def fill(tmp: Path) -> None:
         write_files(tmp)
-        fsync_tree(tmp)
-        with (tmp / STATE_FILE).open("wb") as handle:
-            handle.write(msgspec.json.encode(state))
-            handle.flush()
-            os.fsync(handle.fileno())
-        fsync_dir(tmp)
-        if final.exists():
-            # Same version written again (a retried update after a crash before this rename
-            # is impossible: the rename is what makes it exist). Refuse rather than mix.
-            raise CheckpointError(f"{final} exists already")
-        tmp.rename(final)
-        fsync_dir(root)
+        write_synced(tmp / STATE_FILE, msgspec.json.encode(state))  # last: marks it complete
+
+    try:
+        # The same version again is refused rather than mixed (a retried update after a
+        # crash before the rename is impossible: the rename is what makes it exist).
+        write_folder(final, fill)
+    except FileExistsError as exc:
+        raise CheckpointError(f"{final} exists already") from exc
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {final}: {exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     for old in _complete(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return SavedCheckpoint(final, state)

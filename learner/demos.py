@@ -14,7 +14,7 @@ import msgspec
 from learner.batch import think_mask
 from learner.errors import DemonstrationError
 from policy.prompt import SYSTEM_PROMPT, PromptRenderer, episode_messages
-from runtime.messages import ChatMessage, TrajectoryGroup, decode_group
+from runtime.base.messages import ChatMessage, TrajectoryGroup, decode_group
 
 __all__ = ["BCExample", "demo_examples", "read_demos", "split_heldout"]
 

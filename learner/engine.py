@@ -51,8 +51,8 @@ from learner.checkpoint import (
 from learner.errors import BatchError, CheckpointError
 from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapter
 from learner.loss import group_advantages, mgrpo_loss
-from runtime.config import LearnerConfig
-from runtime.messages import TrajectoryGroup
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import TrajectoryGroup
 
 __all__ = [
     "Engine",

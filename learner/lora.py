@@ -2,13 +2,13 @@
 
 An adapter folder is what vLLM loads (peft's `save_pretrained` layout:
 `adapter_config.json` + `adapter_model.safetensors`) plus `manifest.json`
-(`runtime.messages.AdapterManifest`). Saving:
+(`runtime.base.messages.AdapterManifest`). Saving:
 
-1. `save_pretrained` into a temporary folder beside the final one (same parent, so the
-   rename is atomic on one file system);
-2. fsync every file;
-3. hash `adapter_model.safetensors` (sha256) and write `manifest.json` LAST, fsynced;
-4. fsync the folder, rename it to `<parent>/<prefix>@v<N>`, fsync the parent.
+1. peft's files (`save_pretrained`) go into a temporary folder beside the final one
+   (same parent, so the rename is atomic on one file system);
+2. hash `adapter_model.safetensors` (sha256) and write `manifest.json` last;
+3. fsync every file and the folder, rename it to `<parent>/<prefix>@v<N>`, fsync the
+   parent (`runtime.base.files.write_folder`).
 
 A folder without a manifest, or whose weights do not hash to the manifest's, is
 half-written or corrupted: `verify_adapter` refuses it, and it is never published.
@@ -19,17 +19,16 @@ contents, where a weight file above 64 MiB contributes only its first and last M
 evenly spaced 64 KiB samples (so a 15 GB model is fingerprinted in milliseconds, and any
 re-training that touches every tensor still changes it).
 
-v0 is zero-initialised: peft's default init draws A at random and sets B to zero, so
-B @ A = 0 and the adapted model's outputs equal the base model's exactly.
+A freshly attached LoRA is zero in effect: peft's default init draws A at random and sets
+B to zero, so B @ A = 0 and the adapted model's outputs equal the base model's exactly.
+`zero_adapter` writes v0 for serving before any training: every weight zero.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import time
-import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,9 @@ import msgspec
 from learner.errors import AdapterError
 from policy import adapters as _policy
 from policy.errors import AdapterManifestError
-from runtime.config import LearnerConfig
-from runtime.messages import AdapterManifest
+from runtime.base.config import LearnerConfig
+from runtime.base.files import write_folder, write_synced
+from runtime.base.messages import AdapterManifest
 
 __all__ = [
     "ADAPTER_WEIGHTS",
@@ -47,10 +47,9 @@ __all__ = [
     "adapter_name",
     "attach_lora",
     "base_fingerprint",
-    "fsync_dir",
-    "fsync_tree",
     "save_adapter",
     "verify_adapter",
+    "zero_adapter",
 ]
 
 # The file names and the manifest check are the policy layer's (`policy.adapters`): the
@@ -139,25 +138,6 @@ def attach_lora(model: Any, config: LearnerConfig) -> Any:
         raise AdapterError(f"cannot attach LoRA with targets {config.lora_targets}: {exc}") from exc
 
 
-def fsync_tree(folder: Path) -> None:
-    """fsync every file under `folder`, then the folders themselves."""
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
-    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
-        fsync_dir(sub)
-    fsync_dir(folder)
-
-
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_adapter(
     model: Any,
     parent: str | Path,
@@ -174,19 +154,82 @@ def save_adapter(
     Refuses to replace an existing version: a published name always means one set of
     weights. Returns the final folder.
     """
-    root = Path(parent)
-    root.mkdir(parents=True, exist_ok=True)
-    name = adapter_name(version, prefix)
-    final = root / name
-    if final.exists():
-        raise AdapterError(f"{final} exists: adapter versions are never overwritten")
-    tmp = root / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+
+    def files(tmp: Path) -> None:
         model.save_pretrained(str(tmp))
-        weights = tmp / ADAPTER_WEIGHTS
-        if not weights.is_file() or not (tmp / ADAPTER_CONFIG).is_file():
+
+    return _write_adapter(
+        Path(parent), adapter_name(version, prefix), files, version=version,
+        base_model=base_model, fingerprint=fingerprint, step=step, config=config,
+    )  # fmt: skip
+
+
+def zero_adapter(model: str, parent: str | Path, config: LearnerConfig) -> Path:
+    """v0 for `model` (a folder or a hub name): a LoRA of the learner's rank and targets
+    whose weights are all zero, so the adapted model equals the base model (every request
+    names an adapter; see `policy.adapters`). Made once under `parent`, in a folder named
+    by the base model's fingerprint and the LoRA's shape, and checked against its manifest
+    when reused. The model is built on the meta device: no weights are loaded."""
+    fingerprint = base_fingerprint(model) if Path(model).is_dir() else f"hub:{model}"
+    shape = f"r{config.lora_rank}a{config.lora_alpha}-{len(config.lora_targets)}t"
+    key = fingerprint.removeprefix("hub:").replace("/", "--")[:40]
+    root = Path(parent) / f"zero-{key}-{shape}"
+    folder = root / adapter_name(0)
+    if folder.is_dir():
+        try:
+            manifest = _policy.read_manifest(folder)
+        except AdapterManifestError as exc:
+            raise AdapterError(f"{folder} is not a usable v0 ({exc}); remove it") from exc
+        if manifest.version != 0 or manifest.base_fingerprint != fingerprint:
+            raise AdapterError(f"{folder} exists but is not v0 of {model}; remove it")
+        return folder
+    return _write_zero_adapter(model, root, fingerprint, config)
+
+
+def _write_zero_adapter(model: str, root: Path, fingerprint: str, config: LearnerConfig) -> Path:
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))  # type: ignore[no-untyped-call]
+    peft_model = attach_lora(base, config)
+    weights = {
+        name: torch.zeros(tensor.shape, dtype=torch.float32)
+        for name, tensor in get_peft_model_state_dict(peft_model).items()
+    }
+
+    def files(tmp: Path) -> None:
+        peft_config = peft_model.peft_config["default"]
+        peft_config.base_model_name_or_path = model
+        peft_config.save_pretrained(str(tmp))
+        save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+    return _write_adapter(
+        root, adapter_name(0), files, version=0, base_model=model, fingerprint=fingerprint,
+        step=0, config=config,
+    )  # fmt: skip
+
+
+def _write_adapter(
+    root: Path,
+    name: str,
+    files: Callable[[Path], None],
+    *,
+    version: int,
+    base_model: str,
+    fingerprint: str,
+    step: int,
+    config: LearnerConfig,
+) -> Path:
+    """`files(tmp)` writes peft's two files; the manifest (their hash) goes in last and the
+    folder appears as `root/name` whole or not at all (`runtime.base.files.write_folder`)."""
+
+    def fill(tmp: Path) -> None:
+        files(tmp)
+        if not (tmp / ADAPTER_WEIGHTS).is_file() or not (tmp / ADAPTER_CONFIG).is_file():
             raise AdapterError(f"peft did not write {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG}")
-        fsync_tree(tmp)
         manifest = AdapterManifest(
             name=name,
             version=version,
@@ -199,20 +242,12 @@ def save_adapter(
             lora_alpha=config.lora_alpha,
             target_modules=list(config.lora_targets),
         )
-        _write_synced(tmp / MANIFEST, msgspec.json.format(msgspec.json.encode(manifest)))
-        fsync_dir(tmp)
-        tmp.rename(final)
-        fsync_dir(root)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # already gone after a successful rename
-    return final
+        write_synced(tmp / MANIFEST, msgspec.json.format(msgspec.json.encode(manifest)))
 
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        return write_folder(root / name, fill)
+    except FileExistsError as exc:
+        raise AdapterError(f"{root / name} exists: adapter versions are never overwritten") from exc
 
 
 def verify_adapter(folder: str | Path, *, fingerprint: str | None = None) -> AdapterManifest:

@@ -49,8 +49,8 @@ from learner.batch import Decode
 from learner.checkpoint import ConsumedJournal, Ledger, prune_adapters
 from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
-from runtime.config import LearnerConfig
-from runtime.messages import (
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import (
     EVALUATED_STATUSES,
     AdapterPublished,
     Event,

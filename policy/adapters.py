@@ -46,7 +46,7 @@ from policy.errors import (
     PolicyError,
     RequestError,
 )
-from runtime.messages import AdapterManifest, AdapterSwapped, Event
+from runtime.base.messages import AdapterManifest, AdapterSwapped, Event
 
 __all__ = [
     "MANIFEST_FILE",

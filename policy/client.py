@@ -33,8 +33,8 @@ from policy.errors import (
     ServerUnavailableError,
 )
 from policy.prompt import PromptRenderer
-from runtime.config import PolicyConfig
-from runtime.messages import PolicyReply, PolicyRequest
+from runtime.base.config import PolicyConfig
+from runtime.base.messages import PolicyReply, PolicyRequest
 
 __all__ = [
     "Completion",

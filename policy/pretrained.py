@@ -29,7 +29,7 @@ import msgspec
 
 from policy.errors import ModelFilesError
 from policy.profile import PRETRAINED_INFO_FILE, SMOLLM2_HUB_ID, SMOLLM2_PROFILE, ModelProfile
-from policy.tiny import write_folder
+from runtime.base.files import write_folder
 
 __all__ = [
     "HUB_ID",
@@ -143,5 +143,5 @@ def convert_gguf(
         tokenizer.save_pretrained(tmp)
         (tmp / INFO_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
 
-    write_folder(target, write)
+    write_folder(target, write, replace=True)
     return info

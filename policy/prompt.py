@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from policy.errors import ModelFilesError
-from runtime.messages import ChatMessage, Turn
+from runtime.base.messages import ChatMessage, Turn
 
 __all__ = [
     "COMPRESSED_OBSERVATION",
@@ -69,7 +69,7 @@ exit(message="ANSWER")
 Type replaces the text of a field; Search types and presses Enter. Use exit when the task
 is done; its message is your answer (leave it empty if the task asks for no answer)."""
 
-# For tiny models made here (issue 8): the same contract in a few tokens. The long prompt
+# For small models: the same contract in a few tokens. The long prompt
 # costs ~250 tokens per turn, which a model that never saw English cannot use anyway.
 SHORT_SYSTEM_PROMPT = """\
 Web agent. Reply <think>..</think><answer>ACTION</answer>; ACTION is a do(...) action on an

@@ -40,8 +40,8 @@ from anyio.abc import Process
 from policy.allocator import preload_env
 from policy.errors import ServerExitedError, ServerStartError
 from policy.lora_ops import ENV as LORA_OPS_ENV
-from runtime.config import PolicyConfig
-from runtime.http import free_port
+from runtime.base.config import PolicyConfig
+from runtime.base.http import free_port
 
 __all__ = [
     "ServerStatistics",

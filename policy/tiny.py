@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -26,6 +24,7 @@ import msgspec
 from policy.profile import TINY_INFO_FILE as INFO_FILE
 from policy.profile import TINY_PROFILE, ModelProfile, model_profile
 from policy.prompt import COMPRESSED_OBSERVATION, SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT
+from runtime.base.files import write_folder
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -46,7 +45,6 @@ __all__ = [
     "make_tiny_model",
     "model_profile",
     "train_tokenizer",
-    "write_folder",
 ]
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -101,7 +99,7 @@ class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
       with `PromptRenderer` only (decoding, what vLLM does with our ids, agrees).
     - "ids": as "words", and a compact observation's element id (` [13]`, id 1 to
       `id_tokens`) is one token of its own, so that copying it means learning one
-      token -> digits mapping rather than a chain of digit look-ups (issue 8).
+      token -> digits mapping rather than a chain of digit look-ups.
     """
 
     vocab_size: _Positive = 2048
@@ -110,7 +108,7 @@ class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     id_tokens: _Positive = 400
 
 
-# The tokenizer `webagent model init` makes (issue 8): words and ids as whole tokens.
+# The tokenizer `webagent model init --tiny` makes: words and ids as whole tokens.
 TINY_RECIPE = TokenizerRecipe(split="ids")
 
 
@@ -309,24 +307,8 @@ def make_tiny_model(
         _put_template_in_tokenizer_config(tmp)
         (tmp / INFO_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
 
-    write_folder(target, write)
+    write_folder(target, write, replace=True)
     return info
-
-
-def write_folder(target: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` fills a temporary folder beside `target`; it is fsynced and renamed to
-    `target` (replacing it), so `target` appears whole or not at all."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        write(tmp)
-        _fsync_tree(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
 
 def _put_template_in_tokenizer_config(folder: Path) -> None:
@@ -337,15 +319,3 @@ def _put_template_in_tokenizer_config(folder: Path) -> None:
         config["chat_template"] = CHATML_TEMPLATE
         config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", "utf-8")
     (folder / "chat_template.jinja").unlink(missing_ok=True)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,7 +5,7 @@ Importing it does not import torch: the endpoint-only deployment runs without it
 
 from importlib.metadata import PackageNotFoundError, version
 
-from runtime.config import Config, ConfigError, load_config
+from runtime.base.config import Config, ConfigError, load_config
 
 try:
     __version__ = version("webagent-r1")

@@ -26,8 +26,8 @@ import ast
 from dataclasses import dataclass
 from typing import Final
 
+from runtime.base.messages import Action
 from runtime.errors import ParseError
-from runtime.messages import Action
 
 __all__ = [
     "ACTION_NAMES",

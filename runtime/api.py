@@ -19,7 +19,7 @@ that is not `application/json` (415) or too long (413):
     GET  /v1/runs/{id}/events      server-sent events: `turn` per turn, then `end`
     DELETE /v1/runs/{id}           cancel a run (also POST /v1/runs/{id}/cancel) -> RunState
 
-The app talks to the daemon through two narrow seams: an `Engine` (status, metrics,
+The app talks to the daemon through two narrow seams: an `DaemonControls` (status, metrics,
 pause, policy loading) and a `RunService` that owns the agent runs.
 """
 
@@ -41,17 +41,17 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.config import EndpointConfig
+from runtime.agent_runs import EndpointFull, RunService, UnknownRun
+from runtime.base.config import EndpointConfig
+from runtime.base.messages import RunRequest, RunState, RunTurn
 from runtime.guard import RequestGuard, RunRefused, RunTargets
-from runtime.messages import RunRequest, RunState, RunTurn
-from runtime.runs import EndpointFull, RunService, UnknownRun
 
-__all__ = ["Engine", "build_app"]
+__all__ = ["DaemonControls", "build_app"]
 
 log = structlog.get_logger("runtime.api")
 
 
-class Engine(Protocol):
+class DaemonControls(Protocol):
     """What the control API needs from the daemon."""
 
     # False in serving mode: there are no rollouts for pause/resume to act on.
@@ -182,13 +182,13 @@ def _rejects(handler: Handler) -> Handler:
 
 def build_app(
     *,
-    engine: Engine | None,
+    controls: DaemonControls | None,
     runs: RunService | None,
     token: str = "",
     endpoint: EndpointConfig | None = None,
     targets: RunTargets | None = None,
 ) -> Starlette:
-    """The app; `engine` None serves the agent endpoint alone (training off).
+    """The app; `controls` None serves the agent endpoint alone (training off).
 
     `endpoint` gives the guard its bind address, allowed hosts and origins and the body
     limit (default: `EndpointConfig()`, loopback); `targets` checks runs before they are
@@ -202,23 +202,23 @@ def build_app(
         return PlainTextResponse("ok\n")
 
     async def status(request: Request) -> Response:
-        payload: dict[str, Any] = engine.status() if engine is not None else {}
+        payload: dict[str, Any] = controls.status() if controls is not None else {}
         if runs is not None:
             payload["runs"] = runs.statistics()
         return _json(payload)
 
     async def metrics(request: Request) -> Response:
-        text = engine.prometheus() if engine is not None else ""
+        text = controls.prometheus() if controls is not None else ""
         if runs is not None:
             text += runs.prometheus()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    def _need_engine() -> Engine:
-        if engine is None:
+    def _need_controls() -> DaemonControls:
+        if controls is None:
             raise _Reject(_problem(409, "training is off in this process"))
-        return engine
+        return controls
 
-    def _no_rollouts(target: Engine) -> Response | None:
+    def _no_rollouts(target: DaemonControls) -> Response | None:
         if target.training:
             return None
         return _json(
@@ -231,21 +231,21 @@ def build_app(
         )
 
     async def pause(request: Request) -> Response:
-        target = _need_engine()
+        target = _need_controls()
         if (answer := _no_rollouts(target)) is not None:
             return answer
         await target.pause()
         return _json({"paused": True})
 
     async def resume(request: Request) -> Response:
-        target = _need_engine()
+        target = _need_controls()
         if (answer := _no_rollouts(target)) is not None:
             return answer
         await target.resume()
         return _json({"paused": False})
 
     async def load_policy(request: Request) -> Response:
-        target = _need_engine()
+        target = _need_controls()
         body: PolicyLoad = await _decode(request, PolicyLoad, max_body)
         try:
             name = await target.load_policy(body.path)

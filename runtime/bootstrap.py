@@ -30,9 +30,9 @@ import msgspec
 import structlog
 from anyio.abc import ByteReceiveStream
 
-from runtime.config import Config, EndpointConfig, dump_config
+from runtime.base.config import Config, EndpointConfig, dump_config
+from runtime.base.files import write_atomic
 from runtime.environment import Environment
-from sites.files import write_atomic
 
 __all__ = ["BootstrapPaths", "BootstrapProgress", "prepare_model"]
 
@@ -109,7 +109,7 @@ async def prepare_model(
         info = await anyio.to_thread.run_sync(lambda: convert_gguf(paths.base, overwrite=True))
         log.info("bootstrap.base_model_done", name=info.name, sha256=info.gguf_sha256[:12])
     if not paths.demos.is_file():
-        from runtime.runner import write_demos
+        from runtime.task_runs import write_demos
 
         tasks = environment.tasks("train")[: config.bc.demo_tasks or None]
         log.info("bootstrap.demos", tasks=len(tasks), out=str(paths.demos))

@@ -21,10 +21,10 @@ import structlog
 from playwright.async_api import Browser, BrowserContext, Playwright, async_playwright
 from playwright.async_api import Error as PlaywrightError
 
-from runtime.config import BrowserConfig
+from runtime.base.config import BrowserConfig
+from runtime.base.messages import Event, Fault
 from runtime.errors import BrowserError, playwright_errors
 from runtime.fence import Allowlist, AllowlistError, Fence
-from runtime.messages import Event, Fault
 from runtime.session import BrowserSession, call_until_gone
 
 __all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]

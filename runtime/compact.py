@@ -1,4 +1,4 @@
-"""How the "compact" observation style writes an element (issue 8 of the tiny-model work).
+"""How the "compact" observation style writes an element (made for small models).
 
 `compact_element` gives one element's line: text then id, few attributes
 (`link Electronics [3]`, `input q "Search products" = "shoes" [5]`, `checkbox remember

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from runtime.messages import EVALUATED_STATUSES, TaskConfig
+from runtime.base.messages import EVALUATED_STATUSES, TaskConfig
 from runtime.store import iter_outcomes
 
 __all__ = ["Curriculum", "CurriculumKind", "mixed_probability"]

@@ -44,12 +44,10 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from runtime.bootstrap import BootstrapProgress
-from runtime.browser import BrowserPool
-from runtime.config import Config, dump_config
-from runtime.environment import Environment
-from runtime.episode import Episode, EpisodeSettings
-from runtime.messages import (
+from runtime.agent_runs import RunOutcome, RunService
+from runtime.base.config import Config, dump_config
+from runtime.base.files import write_atomic
+from runtime.base.messages import (
     EvalFinished,
     EvalSpec,
     Event,
@@ -60,10 +58,12 @@ from runtime.messages import (
     Turn,
     UpdateApplied,
 )
+from runtime.bootstrap import BootstrapProgress
+from runtime.browser import BrowserPool
+from runtime.environment import Environment
+from runtime.episode import Episode, EpisodeSettings
 from runtime.metrics import MetricsBook, plot_learning_curve
-from runtime.runs import RunOutcome, RunService
 from runtime.supervisor import ServerSupervisor
-from sites.files import write_atomic
 from sites.judge import HttpJudge
 
 __all__ = ["Daemon"]
@@ -215,7 +215,7 @@ class Daemon:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until stopped; `task_status.started()` once rollouts (or the API) run."""
-        from runtime.webarena import open_environment
+        from runtime.webarena_environment import open_environment
 
         config = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -266,9 +266,17 @@ class Daemon:
             config, policy=msgspec.structs.replace(config.policy, model=self.model)
         )
         self.config = served  # episodes' settings follow the served model's profile
+        first: Path | None = None  # training: the learner publishes its first version
+        if not self.training:
+            from learner.lora import zero_adapter
+
+            first = await anyio.to_thread.run_sync(
+                zero_adapter, self.model, Path(config.daemon.data_dir) / "adapters",
+                config.learner,
+            )  # fmt: skip
         async with policy_stack(
             served,
-            publish=not self.training,
+            adapter=first,
             log_path=self.run_dir / "vllm.log",
             on_event=self.record,
         ) as stack:
@@ -540,8 +548,8 @@ class Daemon:
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         from runtime.api import build_app
+        from runtime.base.http import serve_asgi
         from runtime.guard import RunTargets, endpoint_token, http_limits, intent_budget
-        from runtime.http import serve_asgi
 
         config = self.config
         token = self.api_token
@@ -571,7 +579,7 @@ class Daemon:
         ) as runs:
             self._runs = runs
             app = build_app(
-                engine=self, runs=runs, token=token, endpoint=config.endpoint, targets=targets
+                controls=self, runs=runs, token=token, endpoint=config.endpoint, targets=targets
             )
             async with serve_asgi(
                 app,

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 from playwright.async_api import Page
 
-from runtime.config import SitesConfig
-from runtime.messages import Evaluation, TaskConfig
+from runtime.base.config import SitesConfig
+from runtime.base.messages import Evaluation, TaskConfig
 
 __all__ = [
     "BuiltinEnvironment",

@@ -37,16 +37,8 @@ import structlog
 
 from policy.prompt import SYSTEM_PROMPT, build_messages, system_prompt
 from runtime.actions import format_action, parse_completion, thought_of
-from runtime.config import Config, ObservationConfig
-from runtime.errors import (
-    ActionError,
-    BrowserError,
-    NavigationBlocked,
-    ObservationError,
-    ParseError,
-)
-from runtime.logs import bind_ids
-from runtime.messages import (
+from runtime.base.config import Config, ObservationConfig
+from runtime.base.messages import (
     EVALUATED_STATUSES,
     Action,
     EpisodeFinished,
@@ -61,6 +53,14 @@ from runtime.messages import (
     TurnTaken,
     TurnTimings,
 )
+from runtime.errors import (
+    ActionError,
+    BrowserError,
+    NavigationBlocked,
+    ObservationError,
+    ParseError,
+)
+from runtime.logs import bind_ids
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.protocols import Evaluator, Policy
 from runtime.session import BrowserSession

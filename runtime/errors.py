@@ -1,7 +1,7 @@
 """Errors of the runtime.
 
     Exception
-    ├── ConfigError            (runtime.config: a bad configuration file)
+    ├── ConfigError            (runtime.base.config: a bad configuration file)
     └── WebAgentError          base of everything the runtime raises on purpose
         ├── UsageError         a bad command-line request (exit code 2)
         ├── ParseError         a completion that is not one action of the DSL
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
-from runtime.config import ConfigError
+from runtime.base.config import ConfigError
 
 __all__ = [
     "ActionError",

@@ -1,7 +1,7 @@
 """Evaluation runs: success per site in the paper's table, per-task results, an HTML report.
 
 `run_evaluation` runs every task as a group of `group_size` episodes through
-`runtime.runner.run_tasks` (the same rollout loop as everything else) and writes, under
+`runtime.task_runs.run_tasks` (the same rollout loop as everything else) and writes, under
 `out_dir`:
 
     results.jsonl       one line per task (`TaskResult`), appended as groups finish
@@ -36,16 +36,16 @@ import msgspec
 import structlog
 
 from runtime.actions import format_action
+from runtime.base.config import Config
+from runtime.base.files import write_atomic
+from runtime.base.messages import TaskConfig, Trajectory, TrajectoryGroup
 from runtime.browser import BrowserPool
-from runtime.config import Config
 from runtime.environment import Environment
-from runtime.messages import TaskConfig, Trajectory, TrajectoryGroup
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.protocols import Policy
-from runtime.runner import run_tasks
 from runtime.store import TrajectoryStore
-from runtime.webarena import WebArenaEnvironment
-from sites.files import write_atomic
+from runtime.task_runs import run_tasks
+from runtime.webarena_environment import WebArenaEnvironment
 from sites.webarena import TABLE_COLUMNS, table_columns
 
 __all__ = [

@@ -29,9 +29,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.config import Config, ConfigError, EndpointConfig
-from runtime.http import HttpLimits
-from runtime.messages import RunRequest, TaskConfig
+from runtime.base.config import Config, ConfigError, EndpointConfig
+from runtime.base.http import HttpLimits
+from runtime.base.messages import RunRequest, TaskConfig
 from sites.errors import TaskFileError
 from sites.tasks import check_task
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.messages import (
+from runtime.base.messages import (
     AdapterPublished,
     AdapterSwapped,
     EpisodeFinished,

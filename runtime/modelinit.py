@@ -34,7 +34,7 @@ from policy.tiny import (
     make_tiny_model,
     model_profile,
 )
-from runtime.config import Config, SitesConfig
+from runtime.base.config import Config, SitesConfig
 from sites.builtin import SITE_NAMES, TENANT_COOKIE, BuiltinSites, generate_suite
 
 __all__ = ["gather_corpus", "init_tiny_model", "resolve_profile", "site_pages", "task_intents"]

@@ -9,7 +9,7 @@ visible page as a small tree. `render()` turns that tree into text, deterministi
   list items and table rows one per line, table cells and labels kept, other markup
   dropped; attributes from `ObservationConfig.attributes` only; every text run cut to
   `max_text_chars`.
-- style "compact" (for tiny models, issue 8): text then id, few attributes:
+- style "compact" (for small models): text then id, few attributes:
   `link Electronics [3]`, `input Search products = "shoes" [5]`, `# Heading`, `- item`,
   table cells joined by ` | `.
 
@@ -39,8 +39,8 @@ import msgspec
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
+from runtime.base.config import ObservationConfig
 from runtime.compact import FIELD_KINDS, MARKERS, PREFIX, compact_element
-from runtime.config import ObservationConfig
 from runtime.errors import BrowserError, ObservationError, is_closed
 
 __all__ = [

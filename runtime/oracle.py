@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from runtime.actions import format_action
-from runtime.messages import (
+from runtime.base.messages import (
     Action,
     ElementQuery,
     OracleStep,

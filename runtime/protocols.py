@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from playwright.async_api import Page
 
-from runtime.messages import Evaluation, PolicyReply, PolicyRequest, TaskConfig
+from runtime.base.messages import Evaluation, PolicyReply, PolicyRequest, TaskConfig
 
 __all__ = ["Evaluator", "Policy"]
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
+from runtime.base.messages import Event, GroupReady, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.episode import Episode, EpisodeSettings, Gate
 from runtime.errors import BrowserError
 from runtime.logs import bind_ids
-from runtime.messages import Event, GroupReady, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.protocols import Policy
 

@@ -29,8 +29,8 @@ import anyio
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
+from runtime.base.messages import TaskConfig, TrajectoryGroup
 from runtime.curriculum import Curriculum, CurriculumKind
-from runtime.messages import TaskConfig, TrajectoryGroup
 from runtime.rollout import Rollout
 
 __all__ = ["Scheduler", "SchedulerStatistics"]

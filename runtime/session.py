@@ -32,7 +32,8 @@ from playwright.async_api import BrowserContext, Dialog, Download, Page, Request
 from playwright.async_api import Error as PlaywrightError
 
 from runtime.actions import format_action
-from runtime.config import BrowserConfig, ObservationConfig
+from runtime.base.config import BrowserConfig, ObservationConfig
+from runtime.base.messages import Action
 from runtime.errors import (
     ActionError,
     BrowserError,
@@ -41,7 +42,6 @@ from runtime.errors import (
     playwright_errors,
 )
 from runtime.fence import Allowlist
-from runtime.messages import Action
 from runtime.observation import (
     ID_ATTRIBUTE,
     Observation,

@@ -1,6 +1,6 @@
 """The trajectory store: append-only JSON lines of `TrajectoryGroup`s, crash-safe.
 
-One line per group (`runtime.messages.encode`, then a newline), written with a single
+One line per group (`runtime.base.messages.encode`, then a newline), written with a single
 append and fsynced before `append()` returns: a group is stored whole or not at all.
 A crash in the middle of a write leaves a last line without its newline; opening the
 store for writing detects it, reports it (log line `store.torn_tail_cut` and
@@ -22,8 +22,9 @@ import anyio
 import msgspec
 import structlog
 
+from runtime.base.files import fsync_dir
+from runtime.base.messages import TrajectoryGroup, decode_group, encode
 from runtime.errors import StoreError
-from runtime.messages import TrajectoryGroup, decode_group, encode
 
 __all__ = [
     "STORE_FILE",
@@ -81,7 +82,7 @@ class TrajectoryStore:
             ) from exc
         try:
             if created:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
             size = os.fstat(self._fd).st_size
             self.repaired_bytes = _torn_tail(self._fd, size)
             if self.repaired_bytes:
@@ -132,14 +133,6 @@ class TrajectoryStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def iter_groups(run_or_file: str | Path) -> Iterator[TrajectoryGroup]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policy.prompt import SYSTEM_PROMPT, episode_messages, strip_thought, user_message
-from runtime.messages import ChatMessage, TaskConfig, Trajectory, TrajectoryGroup
+from runtime.base.messages import ChatMessage, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.observation import TokenCounter, estimate_tokens
 
 __all__ = ["RolloutSummary", "format_summary", "prompt_tokens", "summarize"]

@@ -30,8 +30,8 @@ from policy.adapters import AdapterManager
 from policy.client import CompletionClient
 from policy.errors import PolicyError, RequestError, ServerExitedError
 from policy.server import VLLMServer
-from runtime.config import PolicyConfig
-from runtime.messages import Event, Fault
+from runtime.base.config import PolicyConfig
+from runtime.base.messages import Event, Fault
 
 __all__ = ["ServerState", "ServerSupervisor"]
 

@@ -47,9 +47,9 @@ import structlog
 from playwright.async_api import BrowserContext, Locator, Page
 from playwright.async_api import Error as PlaywrightError
 
-from runtime.config import WebArenaAccountConfig
+from runtime.base.config import WebArenaAccountConfig
+from runtime.base.files import write_atomic
 from sites.errors import AuthError
-from sites.files import write_atomic
 from sites.webarena import LOGIN_SITES, VARIABLE_OF_SITE, state_file_name
 
 __all__ = [

@@ -47,7 +47,13 @@ import structlog
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
-from runtime.messages import EvalCheck, Evaluation, ProgramHtmlCheck, ReferenceAnswers, TaskConfig
+from runtime.base.messages import (
+    EvalCheck,
+    Evaluation,
+    ProgramHtmlCheck,
+    ReferenceAnswers,
+    TaskConfig,
+)
 from sites.errors import JudgeError, PageClosedError, PageError
 from sites.judge import Judge
 from sites.matching import (

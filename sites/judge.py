@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from runtime.config import ConfigError, SitesConfig
+from runtime.base.config import ConfigError, SitesConfig
 from sites.errors import JudgeError
 
 __all__ = ["HttpJudge", "Judge", "parse_fuzzy_verdict", "parse_unachievable_verdict"]

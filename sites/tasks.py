@@ -3,7 +3,7 @@
 A task file is what WebArena and WebArena-Lite ship: a JSON list of task objects
 (`config_files/test.raw.json`, `test_webarena_lite.raw.json`), one task object, or a
 directory of `N.json` files (what WebArena's `generate_test_data.py` writes). The Structs
-are `runtime.messages.TaskConfig` and friends; unknown fields survive a round trip.
+are `runtime.base.messages.TaskConfig` and friends; unknown fields survive a round trip.
 
 Loading checks more than types: every evaluator named in `eval.eval_types` must have what
 it needs (reference answers with known rules, a reference URL with a known `url_note`,
@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 import msgspec
 from msgspec import UNSET
 
-from runtime.messages import (
+from runtime.base.files import write_atomic
+from runtime.base.messages import (
     EvalSpec,
     ProgramHtmlCheck,
     ReferenceAnswers,
@@ -39,7 +40,6 @@ from runtime.messages import (
     encode_tasks,
 )
 from sites.errors import PlaceholderError, TaskFileError
-from sites.files import write_atomic
 from sites.matching import EXACT, GOLD_IN_PRED, parse_required_value
 
 __all__ = [

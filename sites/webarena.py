@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
-from runtime.messages import TaskConfig
+from runtime.base.messages import TaskConfig
 from sites.errors import AuthError, SiteURLError
 from sites.tasks import PLACEHOLDERS, load_tasks
 

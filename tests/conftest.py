@@ -87,7 +87,7 @@ def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from runtime.messages import AdapterManifest
+    from runtime.base.messages import AdapterManifest
 
     root = tmp_path_factory.mktemp("adapters")
     made: dict[tuple[int, float, int], Path] = {}
@@ -156,7 +156,7 @@ async def vllm_session(
     import psutil  # type: ignore[import-untyped]
 
     from policy.server import VLLMServer
-    from runtime.config import PolicyConfig
+    from runtime.base.config import PolicyConfig
 
     # float32, not policy.dtype "auto" (bfloat16 on a CPU that has it): tests compare its
     # log-probs with the learner's float32 ones to show which adapter it served

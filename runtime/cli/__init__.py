@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from runtime import __version__
-from runtime.config import ConfigError
+from runtime.base.config import ConfigError
 from runtime.errors import UsageError
 from runtime.logs import configure_logging
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.config import load_config
+from runtime.base.config import load_config
 from runtime.errors import UsageError
 
 __all__ = ["register"]

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runtime.config import ConfigError, dump_config, load_config
+from runtime.base.config import ConfigError, dump_config, load_config
 from runtime.guard import endpoint_problems, endpoint_token
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import anyio
 
+from runtime.base.config import Config
 from runtime.cli.rollout import add_run_arguments, checked_config
-from runtime.config import Config
 from runtime.errors import UsageError
-from runtime.runner import DemoReport, write_demos
-from runtime.webarena import open_environment
+from runtime.task_runs import DemoReport, write_demos
+from runtime.webarena_environment import open_environment
 
 __all__ = ["register"]
 

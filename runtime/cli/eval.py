@@ -29,15 +29,15 @@ import httpx
 import msgspec
 
 from policy.errors import PolicyError
+from runtime.base.config import Config, load_config
+from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
-from runtime.config import Config, load_config
 from runtime.errors import UsageError
 from runtime.evaluation import EvalReport, TaskResult, format_table, run_evaluation
-from runtime.messages import TaskConfig
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.oracle import OraclePolicy
 from runtime.protocols import Policy
-from runtime.webarena import WebArenaEnvironment, open_environment
+from runtime.webarena_environment import WebArenaEnvironment, open_environment
 from sites.errors import SiteError
 from sites.judge import HttpJudge
 from sites.webarena import describe_tasks, load_webarena_tasks, urls_from_environ
@@ -246,6 +246,15 @@ async def _policy(config: Config, name: str) -> AsyncIterator[tuple[Policy, Toke
 
     # On a shared server (policy.url), our own adapter names leave a daemon's alone.
     prefix = f"{config.policy.adapter_prefix}-eval{os.getpid()}" if config.policy.url else None
-    adapter = None if name == "model" else name  # "model": the model itself (zero adapter)
+    adapter: str | Path = name
+    if name == "model":  # the model itself: served through v0, an adapter of zeros
+        if not config.policy.model:
+            raise UsageError("--policy model serves policy.model, which is empty: set it")
+        from learner.lora import zero_adapter
+
+        adapter = await anyio.to_thread.run_sync(
+            zero_adapter, config.policy.model, Path(config.daemon.data_dir) / "adapters",
+            config.learner,
+        )  # fmt: skip
     async with policy_stack(config, adapter=adapter, prefix=prefix) as stack:
         yield stack.policy, stack.renderer.count_tokens

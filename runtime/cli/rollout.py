@@ -16,16 +16,16 @@ from typing import Any
 
 import anyio
 
-from runtime.config import Config, load_config
+from runtime.base.config import Config, load_config
+from runtime.base.messages import TrajectoryGroup
 from runtime.episode import EpisodeSettings
 from runtime.errors import UsageError
-from runtime.messages import TrajectoryGroup
 from runtime.oracle import OraclePolicy
 from runtime.protocols import Policy
-from runtime.runner import RunResult, run_tasks
 from runtime.store import TrajectoryStore
 from runtime.summary import format_summary, summarize
-from runtime.webarena import open_environment
+from runtime.task_runs import RunResult, run_tasks
+from runtime.webarena_environment import open_environment
 
 __all__ = ["add_run_arguments", "register"]
 

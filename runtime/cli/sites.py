@@ -16,9 +16,9 @@ from typing import Any
 import anyio
 import structlog
 
-from runtime.config import SitesConfig, load_config
+from runtime.base.config import SitesConfig, load_config
+from runtime.base.messages import TaskConfig
 from runtime.errors import UsageError
-from runtime.messages import TaskConfig
 from sites.builtin import ADMIN_HEADER, generate_suite, serve_builtin_sites
 from sites.builtin.errors import BuiltinSiteError
 from sites.builtin.suite import suite_stats

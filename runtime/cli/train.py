@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime.config import Config, load_config
+from runtime.base.config import Config, load_config
 from runtime.logs import configure_logging
 
 __all__ = ["register"]

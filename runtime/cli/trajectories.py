@@ -8,8 +8,8 @@ import time
 from typing import Any, TextIO
 
 from runtime.actions import format_action
+from runtime.base.messages import Trajectory, TrajectoryGroup
 from runtime.errors import StoreError, UsageError
-from runtime.messages import Trajectory, TrajectoryGroup
 from runtime.store import iter_groups, read_group, store_path
 
 __all__ = ["print_group", "register"]

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from sites.builtin.data import NOW, ROLES, World
 from sites.builtin.records import Commit, Issue, IssueNote, Member, MergeRequest, Project, Star
-from sites.builtin.store import Tenant, TenantStore
+from sites.builtin.tenants import Tenant, TenantStore
 from sites.builtin.web import Counters, Redirect, Req, Site, paginate
 
 __all__ = [

@@ -41,7 +41,7 @@ from sites.builtin.records import (
     Subscription,
     Vote,
 )
-from sites.builtin.store import Table
+from sites.builtin.tenants import Table
 
 __all__ = [
     "ACCOUNTS",

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from sites.builtin.data import NOW, World
 from sites.builtin.records import Comment, Forum, Post, Subscription, Vote
-from sites.builtin.store import Tenant, TenantStore
+from sites.builtin.tenants import Tenant, TenantStore
 from sites.builtin.web import Counters, Redirect, Req, Site, paginate
 
 __all__ = [

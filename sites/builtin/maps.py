@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from sites.builtin.data import World
 from sites.builtin.records import Place
-from sites.builtin.store import Tenant, TenantStore
+from sites.builtin.tenants import Tenant, TenantStore
 from sites.builtin.web import Counters, Req, Site
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The rows of the built-in sites' tables: frozen msgspec Structs with an integer `id`.
 
 Rows are never mutated: an edit stores a changed copy (`msgspec.structs.replace`) in the
-tenant's overlay (see `store.py`). Money is kept in cents, dates as ISO strings.
+tenant's overlay (see `tenants.py`). Money is kept in cents, dates as ISO strings.
 """
 
 from __future__ import annotations

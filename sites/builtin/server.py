@@ -25,20 +25,16 @@ from __future__ import annotations
 import contextlib
 import hmac
 import secrets
-import socket
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
 
-import anyio
 import msgspec
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from runtime.config import SitesConfig
-from runtime.http import listen_socket
+from runtime.base.config import SitesConfig
+from runtime.base.http import serve_asgi
 from sites.builtin.admin import build_admin
 from sites.builtin.code import build_code
 from sites.builtin.data import ACCOUNTS, World, build_world
@@ -46,7 +42,7 @@ from sites.builtin.errors import ServeError, TenantError
 from sites.builtin.forum import build_forum
 from sites.builtin.maps import build_map
 from sites.builtin.shop import build_shop
-from sites.builtin.store import Tenant, TenantStore
+from sites.builtin.tenants import Tenant, TenantStore
 from sites.builtin.web import TENANT_COOKIE, Counters, Site
 
 __all__ = ["ADMIN_HEADER", "SITE_NAMES", "BuiltinSites", "serve_builtin_sites"]
@@ -204,30 +200,6 @@ def _log_in(tenant: Tenant, names: Iterable[str]) -> None:
             tenant.sessions[name] = account.username
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """A uvicorn server that leaves signals alone (the owning process handles them) and
-    reports when it listens."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = anyio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    try:
-        return listen_socket(host, port)  # TCP_NODELAY on accepted sockets
-    except OSError as exc:
-        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-
-
 @contextlib.asynccontextmanager
 async def serve_builtin_sites(
     config: SitesConfig, *, person_sessions: bool = False
@@ -237,37 +209,23 @@ async def serve_builtin_sites(
     `person_sessions` adds the start page that gives a person in a browser a tenant.
     """
     sites = BuiltinSites(config, person_sessions=person_sessions)
-    socks: list[socket.socket] = []
-    servers: list[_EmbeddedServer] = []
-    try:
-        for offset in range(len(SITE_NAMES)):
-            socks.append(_bind(config.host, config.port + offset if config.port else 0))
-        async with anyio.create_task_group() as tg:
-            for env, sock in zip(SITE_NAMES, socks, strict=True):
-                server = _EmbeddedServer(_uvicorn_config(sites.apps[env], config))
-                servers.append(server)
-                tg.start_soon(server.serve, [sock], name=f"site {env}")
-                host = f"[{config.host}]" if ":" in config.host else config.host
-                sites.urls[env] = f"http://{host}:{sock.getsockname()[1]}"
-            with anyio.fail_after(config.startup_timeout_s):
-                for server in servers:
-                    await server.ready.wait()
+    async with contextlib.AsyncExitStack() as stack:
+        for offset, env in enumerate(SITE_NAMES):
+            port = config.port + offset if config.port else 0
             try:
-                yield sites
-            finally:
-                for server in servers:
-                    server.should_exit = True
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def _uvicorn_config(app: Any, config: SitesConfig) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        lifespan="off",
-        log_config=None,
-        access_log=False,
-        ws="none",
-        timeout_graceful_shutdown=max(1, round(config.shutdown_timeout_s)),
-    )
+                sites.urls[env] = await stack.enter_async_context(
+                    serve_asgi(
+                        sites.apps[env],
+                        host=config.host,
+                        port=port,
+                        graceful_s=config.shutdown_timeout_s,
+                        startup_s=config.startup_timeout_s,
+                        limits=None,  # only our own browsers come here: uvicorn's fast protocol
+                        name=f"site {env}",
+                    )
+                )
+            except OSError as exc:
+                raise ServeError(
+                    f"cannot listen on {config.host}:{port}: {exc.strerror or exc}"
+                ) from exc
+        yield sites

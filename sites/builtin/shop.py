@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from sites.builtin.data import SHIPPING, TODAY, World
 from sites.builtin.records import CartLine, Customer, Order, OrderItem, Product, Review
-from sites.builtin.store import Tenant, TenantStore
+from sites.builtin.tenants import Tenant, TenantStore
 from sites.builtin.web import Counters, Redirect, Req, Site, paginate
 
 __all__ = [

@@ -1,6 +1,7 @@
 """The built-in task suite: templates instantiated from the seeded data, with oracle plans.
 
-A `Template` lists its candidate instantiations (`candidates(world)`, deterministic, with
+The templates are written with `sites.builtin.template_kit` in `tasks_<site>.py`. A
+`Template` lists its candidate instantiations (`candidates(world)`, deterministic, with
 ambiguous ones left out) and turns one into a `Built` task: intent, start URL, WebArena
 `eval` and the scripted plan. Reference answers are computed through the same query
 functions the sites use, on a fresh tenant (the seeded data), so they agree with the pages.
@@ -20,139 +21,31 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
 
-from msgspec import UNSET
-
-from runtime.messages import (
-    ElementQuery,
-    EvalSpec,
+from runtime.base.messages import (
     OracleStep,
-    ProgramHtmlCheck,
-    ReferenceAnswers,
     TaskConfig,
 )
-from sites.builtin.data import World, build_world
+from sites.builtin import tasks_admin, tasks_code, tasks_forum, tasks_map, tasks_shop
+from sites.builtin.data import build_world
 from sites.builtin.errors import NotInSuiteError
-from sites.builtin.store import Tenant
+from sites.builtin.template_kit import PLACEHOLDER, Built, Template
+from sites.builtin.tenants import Tenant
 
 __all__ = [
     "ID_BASE",
     "SEED_FIELD",
-    "Built",
-    "Template",
-    "button",
-    "exit_with",
     "generate_suite",
-    "link",
-    "next_pages",
     "plan_for",
-    "program_html",
-    "search",
-    "select",
     "step_band",
-    "string_match",
     "suite_stats",
     "templates",
-    "type_into",
-    "url_match",
 ]
 
 ID_BASE = {"train": 0, "test": 100_000, "ood": 200_000}
 SEED_FIELD = "builtin_seed"
 TEST_PER_SITE = 40
-PLACEHOLDER = {
-    "shopping": "__SHOPPING__",
-    "shopping_admin": "__SHOPPING_ADMIN__",
-    "reddit": "__REDDIT__",
-    "gitlab": "__GITLAB__",
-    "map": "__MAP__",
-}
-
-
-@dataclass(frozen=True)
-class Built:
-    """One instantiated task, before it gets an id."""
-
-    intent: str
-    start: str  # path on the template's site, e.g. "/product/5"
-    eval: EvalSpec
-    plan: list[OracleStep]
-    require_login: bool = False
-    require_reset: bool = False
-
-
-@dataclass(frozen=True)
-class Template:
-    """A task template of one site."""
-
-    id: int
-    site: str  # task site name: "shopping", "shopping_admin", "reddit", "gitlab", "map"
-    name: str
-    intent_template: str
-    candidates: Callable[[World, Tenant], list[dict[str, str]]]
-    build: Callable[[World, Tenant, dict[str, str]], Built]
-    ood: bool = False
-    train_cap: int = 30
-
-
-# --------------------------------------------------------------------------- plan steps
-
-
-def link(text: str, thought: str, *, nth: int = 0) -> OracleStep:
-    """Click the link whose visible text is `text`."""
-    return OracleStep(
-        action="Click", target=ElementQuery(tag="a", text=text, nth=nth), thought=thought
-    )
-
-
-def button(text: str, thought: str) -> OracleStep:
-    """Click the button whose visible text is `text`."""
-    return OracleStep(action="Click", target=ElementQuery(tag="button", text=text), thought=thought)
-
-
-def type_into(name: str, value: str, thought: str, *, tag: str = "input") -> OracleStep:
-    """Replace the text of the field named `name` with `value`."""
-    return OracleStep(
-        action="Type",
-        target=ElementQuery(tag=tag, attrs={"name": name}),
-        argument=value,
-        thought=thought,
-    )
-
-
-def search(name: str, value: str, thought: str) -> OracleStep:
-    """Type `value` into the field named `name` and press Enter."""
-    return OracleStep(
-        action="Search",
-        target=ElementQuery(tag="input", attrs={"name": name}),
-        argument=value,
-        thought=thought,
-    )
-
-
-def select(name: str, option: str, thought: str) -> OracleStep:
-    """Choose the option with visible text `option` in the select named `name`."""
-    return OracleStep(
-        action="Select Dropdown Option",
-        target=ElementQuery(tag="select", attrs={"name": name}),
-        argument=option,
-        thought=thought,
-    )
-
-
-def exit_with(message: str, thought: str) -> OracleStep:
-    return OracleStep(action="exit", message=message, thought=thought)
-
-
-def next_pages(index: int, per_page: int, what: str) -> list[OracleStep]:
-    """Next-link clicks from page 1 to the page holding item `index` (0-based)."""
-    return [
-        link("Next", f"{what} is not on this page; go to the next page.")
-        for _ in range(index // per_page)
-    ]
 
 
 def step_band(steps: int) -> str:
@@ -166,63 +59,10 @@ def step_band(steps: int) -> str:
     return "10+"
 
 
-# --------------------------------------------------------------------------- eval specs
-
-
-def string_match(
-    *, exact: str | None = None, must_include: list[str] | None = None, note: str = ""
-) -> EvalSpec:
-    included: list[str | int | float] | None = None
-    if must_include is not None:
-        included = [*must_include]
-    answers = ReferenceAnswers(
-        exact_match=exact if exact is not None else UNSET,
-        must_include=included if included is not None else UNSET,
-    )
-    raw = exact if exact is not None else " |AND| ".join(must_include or [])
-    return EvalSpec(
-        eval_types=["string_match"],
-        reference_answers=answers,
-        reference_url="",
-        program_html=[],
-        string_note=note,
-        reference_answer_raw_annotation=raw,
-    )
-
-
-def url_match(site: str, path: str) -> EvalSpec:
-    return EvalSpec(
-        eval_types=["url_match"],
-        reference_answers=None,
-        reference_url=f"{PLACEHOLDER[site]}{path}",
-        url_note="GOLD in PRED",
-        program_html=[],
-    )
-
-
-def program_html(site: str, checks: list[tuple[str, str, dict[str, Any]]]) -> EvalSpec:
-    """`checks`: (path on `site` or "last", JS locator expression, required_contents)."""
-    return EvalSpec(
-        eval_types=["program_html"],
-        reference_answers=None,
-        reference_url="",
-        program_html=[
-            ProgramHtmlCheck(
-                url=path if path == "last" else f"{PLACEHOLDER[site]}{path}",
-                locator=locator,
-                required_contents=required,
-            )
-            for path, locator, required in checks
-        ],
-    )
-
-
 # --------------------------------------------------------------------------- the suite
 
 
 def _templates() -> list[Template]:
-    from sites.builtin import tasks_admin, tasks_code, tasks_forum, tasks_map, tasks_shop
-
     found = [
         *tasks_shop.TEMPLATES,
         *tasks_admin.TEMPLATES,

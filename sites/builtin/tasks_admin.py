@@ -5,7 +5,7 @@ from __future__ import annotations
 import calendar
 import random
 
-from runtime.messages import OracleStep
+from runtime.base.messages import OracleStep
 from sites.builtin.admin import (
     bestseller_counts,
     bestsellers,
@@ -15,8 +15,7 @@ from sites.builtin.admin import (
 )
 from sites.builtin.data import ORDER_STATUSES, World
 from sites.builtin.records import Customer, Order, Product, money
-from sites.builtin.store import Tenant
-from sites.builtin.suite import (
+from sites.builtin.template_kit import (
     Built,
     Template,
     button,
@@ -28,6 +27,7 @@ from sites.builtin.suite import (
     string_match,
     type_into,
 )
+from sites.builtin.tenants import Tenant
 
 __all__ = ["TEMPLATES"]
 

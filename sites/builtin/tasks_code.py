@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from runtime.messages import OracleStep
+from runtime.base.messages import OracleStep
 from sites.builtin import words
 from sites.builtin.code import (
     COMMITS_PER_PAGE,
@@ -18,8 +18,7 @@ from sites.builtin.code import (
 )
 from sites.builtin.data import ACCOUNTS, ROLES, World
 from sites.builtin.records import Issue, Project
-from sites.builtin.store import Tenant
-from sites.builtin.suite import (
+from sites.builtin.template_kit import (
     Built,
     Template,
     button,
@@ -32,6 +31,7 @@ from sites.builtin.suite import (
     type_into,
     url_match,
 )
+from sites.builtin.tenants import Tenant
 
 __all__ = ["TEMPLATES"]
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import random
 
-from runtime.messages import OracleStep
+from runtime.base.messages import OracleStep
 from sites.builtin import words
 from sites.builtin.data import ACCOUNTS, World
 from sites.builtin.forum import FORUM_SORTS, POSTS_PER_PAGE, forum_posts, user_posts
 from sites.builtin.records import Forum, Post
-from sites.builtin.store import Tenant
-from sites.builtin.suite import (
+from sites.builtin.template_kit import (
     Built,
     Template,
     button,
@@ -23,6 +22,7 @@ from sites.builtin.suite import (
     type_into,
     url_match,
 )
+from sites.builtin.tenants import Tenant
 
 __all__ = ["TEMPLATES"]
 

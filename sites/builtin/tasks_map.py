@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import random
 
-from runtime.messages import OracleStep
+from runtime.base.messages import OracleStep
 from sites.builtin import words
 from sites.builtin.data import World
 from sites.builtin.maps import MODES, format_duration, nearby, route, search_places
 from sites.builtin.records import Place
-from sites.builtin.store import Tenant
-from sites.builtin.suite import (
+from sites.builtin.template_kit import (
     Built,
     Template,
     button,
@@ -22,6 +21,7 @@ from sites.builtin.suite import (
     type_into,
     url_match,
 )
+from sites.builtin.tenants import Tenant
 
 __all__ = ["TEMPLATES"]
 

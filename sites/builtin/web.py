@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from sites.builtin.data import ACCOUNTS, World
 from sites.builtin.records import money
-from sites.builtin.store import Tenant, TenantStore
+from sites.builtin.tenants import Tenant, TenantStore
 
 __all__ = [
     "TENANT_COOKIE",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import learning
-from runtime.config import load_config
+from runtime.base.config import load_config
 
 
 def test_success_stats_pools_episodes_and_seeds() -> None:

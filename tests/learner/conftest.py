@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.messages import ChatMessage, Trajectory, TrajectoryGroup, Turn
+from runtime.base.messages import ChatMessage, Trajectory, TrajectoryGroup, Turn
 
 MakeGroup = Callable[..., TrajectoryGroup]
 
@@ -270,7 +270,7 @@ def command_bc(
     import torch
 
     from learner.bc import behaviour_clone
-    from runtime.config import BCConfig
+    from runtime.base.config import BCConfig
 
     out = tmp_path_factory.mktemp("command-bc") / "bc"
     config = BCConfig(

@@ -18,9 +18,9 @@ import structlog
 from learner.checkpoint import ConsumedJournal
 from learner.lora import verify_adapter
 from learner.trainer import Learner
-from runtime.config import LearnerConfig
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import TrajectoryGroup, decode_group
 from runtime.logs import configure_logging
-from runtime.messages import TrajectoryGroup, decode_group
 
 CONFIG = LearnerConfig(
     batch_groups=2,

@@ -12,7 +12,7 @@ from learner.batch import build_samples, collate, micro_batches, policy_logprobs
 from learner.errors import BatchError
 from learner.loss import group_advantages, mgrpo_loss
 from policy.tiny import train_tokenizer
-from runtime.messages import TrajectoryGroup, Turn
+from runtime.base.messages import TrajectoryGroup, Turn
 
 MakeGroup = Callable[..., TrajectoryGroup]
 

@@ -21,9 +21,9 @@ from learner.bc import (
 )
 from learner.errors import DemonstrationError
 from policy.prompt import PromptRenderer
+from runtime.base.config import BCConfig, LearnerConfig
+from runtime.base.messages import encode
 from runtime.cli import main
-from runtime.config import BCConfig, LearnerConfig
-from runtime.messages import encode
 
 
 def write_store(path: Path, groups: list[Any]) -> Path:
@@ -480,8 +480,8 @@ def test_the_first_run_trains_bc_in_a_process_of_its_own(
     import psutil  # type: ignore[import-untyped]
 
     from learner.errors import TrainingError
+    from runtime.base.config import Config, DaemonConfig, EndpointConfig
     from runtime.bootstrap import BootstrapPaths, behaviour_clone_process
-    from runtime.config import Config, DaemonConfig, EndpointConfig
 
     paths = BootstrapPaths(tmp_path / "data")
     paths.demos.parent.mkdir(parents=True)

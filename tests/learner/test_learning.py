@@ -27,8 +27,8 @@ import torch
 from learner.trainer import Learner
 from policy.adapters import read_manifest
 from policy.prompt import PromptRenderer
-from runtime.config import LearnerConfig
-from runtime.messages import Trajectory, TrajectoryGroup, Turn
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
 
 G = 8  # episodes per group
 UPDATES = 25

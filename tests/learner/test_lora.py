@@ -18,8 +18,9 @@ from learner.lora import (
     base_fingerprint,
     save_adapter,
     verify_adapter,
+    zero_adapter,
 )
-from runtime.config import LearnerConfig
+from runtime.base.config import LearnerConfig
 
 CONFIG = LearnerConfig(lora_rank=4, lora_alpha=8)
 
@@ -145,6 +146,34 @@ def test_a_failed_save_leaves_nothing(
             model, tmp_path, version=5, base_model="b", fingerprint="f", step=0, config=CONFIG
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_zero_adapter_is_made_once_equals_the_base_and_refuses_a_stranger(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    folder = zero_adapter(str(tiny_model_dir), tmp_path, CONFIG)
+    manifest = verify_adapter(folder, fingerprint=base_fingerprint(tiny_model_dir))
+    assert manifest.version == 0 and manifest.base_model == str(tiny_model_dir)
+    assert json.loads((folder / "adapter_config.json").read_text())["r"] == CONFIG.lora_rank
+    weights = load_file(str(folder / ADAPTER_WEIGHTS))
+    assert weights and all(not t.any() for t in weights.values())
+    ids = torch.randint(3, 500, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = load_base(tiny_model_dir)(input_ids=ids).logits
+        adapted = PeftModel.from_pretrained(load_base(tiny_model_dir), str(folder))
+        got = adapted(input_ids=ids).logits
+    assert torch.equal(got, want)
+
+    made = (folder / MANIFEST).stat().st_mtime_ns
+    assert zero_adapter(str(tiny_model_dir), tmp_path, CONFIG) == folder  # reused, not remade
+    assert (folder / MANIFEST).stat().st_mtime_ns == made
+    (folder / MANIFEST).write_text("{}")
+    with pytest.raises(AdapterError, match="not a usable v0"):
+        zero_adapter(str(tiny_model_dir), tmp_path, CONFIG)
+    assert [p.name for p in tmp_path.iterdir()] == [folder.parent.name]  # no temp folders
 
 
 def test_bad_targets_are_an_adapter_error(tiny_model_dir: Path) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from learner.checkpoint import latest_checkpoint
 from learner.lora import verify_adapter
-from runtime.messages import TrajectoryGroup, encode
+from runtime.base.messages import TrajectoryGroup, encode
 
 WORKER = Path(__file__).with_name("resume_worker.py")
 GROUPS = 12

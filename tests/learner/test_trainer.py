@@ -20,8 +20,8 @@ from learner.checkpoint import latest_checkpoint
 from learner.errors import CheckpointError
 from learner.lora import verify_adapter
 from learner.trainer import Learner
-from runtime.config import LearnerConfig
-from runtime.messages import AdapterPublished, Event, TrajectoryGroup, UpdateApplied
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import AdapterPublished, Event, TrajectoryGroup, UpdateApplied
 
 MakeGroup = Callable[..., TrajectoryGroup]
 

@@ -23,8 +23,8 @@ from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams
 from policy.prompt import PromptRenderer, build_messages
 from policy.server import VLLMServer
-from runtime.config import LearnerConfig
-from runtime.messages import Trajectory, TrajectoryGroup, Turn
+from runtime.base.config import LearnerConfig
+from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 

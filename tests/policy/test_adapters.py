@@ -24,7 +24,7 @@ from policy.adapters import (
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.errors import AdapterError, AdapterManifestError, AdapterSwapError
 from policy.prompt import PromptRenderer
-from runtime.messages import (
+from runtime.base.messages import (
     AdapterManifest,
     AdapterSwapped,
     ChatMessage,

@@ -15,11 +15,11 @@ from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.prompt import PromptRenderer, build_messages
 from policy.server import VLLMServer
+from runtime.base.config import BrowserConfig, Config, ObservationConfig, SitesConfig
 from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig, Config, ObservationConfig, SitesConfig
 from runtime.environment import serve_builtin_environment
 from runtime.episode import EpisodeSettings
-from runtime.runner import run_tasks
+from runtime.task_runs import run_tasks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.browser, pytest.mark.slow]
 

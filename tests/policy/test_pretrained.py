@@ -23,8 +23,8 @@ from policy.errors import ModelFilesError
 from policy.pretrained import GGUF_NAME, INFO_FILE, WHEEL, PretrainedInfo, convert_gguf, find_gguf
 from policy.profile import SMOLLM2_HUB_ID, SMOLLM2_PROFILE, model_profile
 from policy.prompt import PromptRenderer, build_messages
-from runtime.config import LearnerConfig, PolicyConfig
-from runtime.messages import ChatMessage
+from runtime.base.config import LearnerConfig, PolicyConfig
+from runtime.base.messages import ChatMessage
 
 # The conversion (the first test) takes ~15 s alone, minutes on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from policy.errors import ModelFilesError
 from policy.prompt import SYSTEM_PROMPT, PromptRenderer, build_messages
-from runtime.messages import ChatMessage
+from runtime.base.messages import ChatMessage
 
 OBSERVATION = (
     '<a id="1">Electronics</a>\n<button id="25">Clear all</button>\n'

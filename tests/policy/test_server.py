@@ -22,7 +22,7 @@ from policy.server import (
     server_dtype,
     server_env,
 )
-from runtime.config import PolicyConfig
+from runtime.base.config import PolicyConfig
 
 
 def test_cpu_command_and_environment(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     parent.write_text(
         "import anyio\n"
         "from policy.server import VLLMServer\n"
-        "from runtime.config import PolicyConfig\n"
+        "from runtime.base.config import PolicyConfig\n"
         "async def main():\n"
         f"    server = VLLMServer(PolicyConfig(), model='m', log_path={str(tmp_path / 'l')!r},"
         f" python={python!r})\n"

@@ -19,8 +19,8 @@ from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.errors import PolicyError, ServerUnavailableError
 from policy.prompt import PromptRenderer, build_messages
 from policy.server import VLLMServer
-from runtime.config import PolicyConfig
-from runtime.messages import PolicyRequest, TaskConfig
+from runtime.base.config import PolicyConfig
+from runtime.base.messages import PolicyRequest, TaskConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 

@@ -16,8 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from runtime.base.config import BrowserConfig
 from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

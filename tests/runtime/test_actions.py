@@ -20,8 +20,8 @@ from runtime.actions import (
     parse_completion,
     thought_of,
 )
+from runtime.base.messages import Action
 from runtime.errors import ParseError
-from runtime.messages import Action
 
 
 def test_every_action_the_system_prompt_advertises_parses() -> None:

@@ -1,6 +1,6 @@
 """The control API and agent endpoint over real HTTP (uvicorn on 127.0.0.1).
 
-The daemon's engine and the episode executor are seams here; the daemon's own tests
+The daemon's controls and the episode executor are seams here; the daemon's own tests
 drive the same app with real episodes.
 """
 
@@ -18,12 +18,12 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from runtime.agent_runs import RunOutcome, RunService
 from runtime.api import build_app
-from runtime.config import EndpointConfig
+from runtime.base.config import EndpointConfig
+from runtime.base.http import free_port, serve_asgi
+from runtime.base.messages import RunRequest, RunTurn
 from runtime.guard import RunTargets
-from runtime.http import free_port, serve_asgi
-from runtime.messages import RunRequest, RunTurn
-from runtime.runs import RunOutcome, RunService
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret-token-value"
@@ -50,7 +50,7 @@ class Script:
         return RunOutcome(answer="42", episode_status="exited", reward=1.0, adapter="policy@v1")
 
 
-class Engine:
+class Controls:
     def __init__(self, *, training: bool = True) -> None:
         self.training = training
         self.paused = False
@@ -89,12 +89,12 @@ async def _final_state(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[httpx.AsyncClient, Script, Engine]]:
-    script, engine = Script(), Engine()
+async def served() -> AsyncIterator[tuple[httpx.AsyncClient, Script, Controls]]:
+    script, controls = Script(), Controls()
     async with RunService(script, max_runs=1, max_turns=20) as runs:
-        app = build_app(engine=engine, runs=runs, token=TOKEN)
+        app = build_app(controls=controls, runs=runs, token=TOKEN)
         async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
-            yield client, script, engine
+            yield client, script, controls
 
 
 async def test_auth_guards_everything_but_healthz(served: Any) -> None:
@@ -195,12 +195,12 @@ async def test_failed_run_reports_error(served: Any) -> None:
 
 
 async def test_control_routes_reach_engine(served: Any) -> None:
-    client, _, engine = served
+    client, _, controls = served
     assert (await client.post("/control/pause", headers=AUTH)).json() == {"paused": True}
-    assert engine.paused
+    assert controls.paused
     assert (await client.get("/status", headers=AUTH)).json()["paused"] is True
     await client.post("/control/resume", headers=AUTH)
-    assert not engine.paused
+    assert not controls.paused
     ok = await client.post("/policies/load", json={"path": "/ok/v4"}, headers=AUTH)
     assert ok.json() == {"adapter": "policy@v4"}
     bad = await client.post("/policies/load", json={"path": "/half-written"}, headers=AUTH)
@@ -239,17 +239,17 @@ async def test_shutdown_marks_in_flight_runs_interrupted() -> None:
     assert runs.get(state.run_id).error == "interrupted"
 
 
-# ---------------------------------------------------------------- the guard (issue 18)
+# ---------------------------------------------------------------- the guard
 
 
 @pytest.fixture
-async def open_api() -> AsyncIterator[tuple[httpx.AsyncClient, str, Script, Engine]]:
+async def open_api() -> AsyncIterator[tuple[httpx.AsyncClient, str, Script, Controls]]:
     """The token-less default: loopback only, guarded by Host, Origin and Content-Type."""
-    script, engine = Script(), Engine()
+    script, controls = Script(), Controls()
     async with RunService(script, max_runs=1, max_turns=20) as runs:
-        app = build_app(engine=engine, runs=runs, endpoint=EndpointConfig(max_body_bytes=4096))
+        app = build_app(controls=controls, runs=runs, endpoint=EndpointConfig(max_body_bytes=4096))
         async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
-            yield client, url, script, engine
+            yield client, url, script, controls
 
 
 async def test_a_foreign_host_header_is_refused(open_api: Any) -> None:
@@ -266,20 +266,20 @@ async def test_a_foreign_host_header_is_refused(open_api: Any) -> None:
 
 async def test_a_cross_origin_text_plain_post_is_refused(open_api: Any) -> None:
     """CSRF: a form or fetch on evil.example posting to the token-less API."""
-    client, url, _, engine = open_api
+    client, url, _, controls = open_api
     csrf = await client.post(
         "/control/pause",
         content=b"{}",
         headers={"Content-Type": "text/plain", "Origin": "http://evil.example"},
     )
     assert csrf.status_code == 403 and "evil.example" in csrf.json()["error"]
-    assert not engine.paused
+    assert not controls.paused
     same = await client.post("/control/pause", headers={"Origin": url})
-    assert same.status_code == 200 and engine.paused
+    assert same.status_code == 200 and controls.paused
 
 
 async def test_only_json_bodies_are_parsed(open_api: Any) -> None:
-    client, _, _, engine = open_api
+    client, _, _, controls = open_api
     body = json.dumps({"intent": "x", "start_url": "http://127.0.0.1:9/"}).encode()
     for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
         headers = {"Content-Type": content_type} if content_type else {}
@@ -290,7 +290,7 @@ async def test_only_json_bodies_are_parsed(open_api: Any) -> None:
     plain = await client.post(
         "/control/pause", content=b"x", headers={"Content-Type": "text/plain"}
     )
-    assert plain.status_code == 415 and not engine.paused
+    assert plain.status_code == 415 and not controls.paused
 
 
 async def test_deep_or_oversized_json_is_a_client_error(open_api: Any) -> None:
@@ -302,9 +302,9 @@ async def test_deep_or_oversized_json_is_a_client_error(open_api: Any) -> None:
     nested = b"[" * 2000 + b"]" * 2000
     response = await client.post("/policies/load", content=nested, headers=json_type)
     assert response.status_code in (400, 422)
-    script, engine = Script(), Engine()
+    script, controls = Script(), Controls()
     async with RunService(script, max_runs=1, max_turns=20) as runs:
-        app = build_app(engine=engine, runs=runs)
+        app = build_app(controls=controls, runs=runs)
         async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as other:
             response = await other.post("/v1/runs", content=deep, headers=json_type)
             assert response.status_code == 400
@@ -333,19 +333,19 @@ async def test_a_run_can_be_cancelled(open_api: Any) -> None:
 
 
 async def test_pause_in_serving_mode_says_it_does_nothing() -> None:
-    engine = Engine(training=False)
+    controls = Controls(training=False)
     async with RunService(Script(), max_runs=1, max_turns=20) as runs:
-        app = build_app(engine=engine, runs=runs)
+        app = build_app(controls=controls, runs=runs)
         async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url) as client:
             for route in ("/control/pause", "/control/resume"):
                 answer = (await client.post(route)).json()
                 assert answer["paused"] is False and answer["training"] is False, route
                 assert "training is off" in answer["effect"]
-    assert not engine.paused
+    assert not controls.paused
 
 
 async def test_policy_load_errors_show_no_working_directory_or_pid(open_api: Any) -> None:
-    client, _, _, engine = open_api
+    client, _, _, controls = open_api
 
     async def refuse(path: str) -> str:
         raise ValueError(
@@ -353,7 +353,7 @@ async def test_policy_load_errors_show_no_working_directory_or_pid(open_api: Any
             f"(EngineCore_0 pid=4242) in {os.getpid()}"
         )
 
-    engine.load_policy = refuse
+    controls.load_policy = refuse
     response = await client.post("/policies/load", json={"path": "adapters/v9"})
     error = response.json()["error"]
     assert response.status_code == 422
@@ -392,7 +392,7 @@ async def test_runs_that_can_never_run_are_422_up_front(
             count_tokens=lambda text: len(text.split()),
             max_intent_tokens=20,
         )
-        app = build_app(engine=Engine(), runs=runs, targets=targets)
+        app = build_app(controls=Controls(), runs=runs, targets=targets)
         async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url) as client:
             targets.add_own(url)
             ports = {"api": url.rsplit(":", 1)[1], "policy": str(policy), "site": str(site)}

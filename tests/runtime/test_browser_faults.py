@@ -19,12 +19,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig, ObservationConfig, SitesConfig
-from runtime.environment import serve_builtin_environment
-from runtime.episode import EpisodeSettings
-from runtime.errors import BrowserError
-from runtime.messages import (
+from runtime.base.config import BrowserConfig, ObservationConfig, SitesConfig
+from runtime.base.messages import (
     EpisodeFinished,
     EpisodeStarted,
     Event,
@@ -33,6 +29,10 @@ from runtime.messages import (
     TrajectoryGroup,
     TurnTaken,
 )
+from runtime.browser import BrowserPool
+from runtime.environment import serve_builtin_environment
+from runtime.episode import EpisodeSettings
+from runtime.errors import BrowserError
 from runtime.oracle import OraclePolicy
 from runtime.rollout import Rollout
 from runtime.scheduler import Scheduler

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from runtime.base.config import BrowserConfig, Config, ObservationConfig, SitesConfig
+from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig, Config, ObservationConfig, SitesConfig
 from runtime.environment import BuiltinEnvironment, serve_builtin_environment
-from runtime.messages import TaskConfig
 from runtime.oracle import OraclePolicy
-from runtime.runner import run_tasks
+from runtime.task_runs import run_tasks
 
 # The oracle reads WebArena-style HTML here (the default for a model made elsewhere).
 HTML = msgspec.structs.replace(Config(), observation=ObservationConfig(style="html"))

@@ -5,8 +5,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from runtime.base.config import Config, ConfigError, dump_config, load_config
 from runtime.cli import main
-from runtime.config import Config, ConfigError, dump_config, load_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:

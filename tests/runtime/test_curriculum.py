@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.base.messages import TaskConfig, Trajectory, TrajectoryGroup
 from runtime.curriculum import Curriculum, mixed_probability, template_of
-from runtime.messages import TaskConfig, Trajectory, TrajectoryGroup
 from runtime.store import TrajectoryStore
 
 

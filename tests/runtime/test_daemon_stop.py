@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from policy.server import VLLMServer
-from runtime.messages import TrajectoryGroup
+from runtime.base.messages import TrajectoryGroup
 from runtime.store import TrajectoryStore, iter_group_ids, iter_groups
 
 pytestmark = [pytest.mark.vllm, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.base.config import Config, load_config
 from runtime.cli import main
-from runtime.config import Config, load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CONFIGS = sorted(DEPLOY.glob("*.toml"))

@@ -9,11 +9,8 @@ import anyio
 import pytest
 
 from policy.prompt import COMPRESSED_OBSERVATION, build_messages
-from runtime.browser import BrowserPool
-from runtime.config import ObservationConfig
-from runtime.environment import SitesEnvironment
-from runtime.episode import Episode, EpisodeSettings, Gate
-from runtime.messages import (
+from runtime.base.config import ObservationConfig
+from runtime.base.messages import (
     ElementQuery,
     EvalSpec,
     Event,
@@ -27,6 +24,9 @@ from runtime.messages import (
     Turn,
     TurnTaken,
 )
+from runtime.browser import BrowserPool
+from runtime.environment import SitesEnvironment
+from runtime.episode import Episode, EpisodeSettings, Gate
 from runtime.oracle import OraclePolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.browser]
@@ -269,7 +269,7 @@ async def test_an_unevaluated_run_reports_turns_as_they_happen(pool: BrowserPool
 
 
 def test_observation_settings_come_from_the_config() -> None:
-    from runtime.config import Config, SchedulerConfig
+    from runtime.base.config import Config, SchedulerConfig
 
     config = Config(
         scheduler=SchedulerConfig(max_turns=7, keep_thoughts=False),

@@ -22,11 +22,11 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import pytest
 
+from runtime.base.config import BrowserConfig, ObservationConfig
+from runtime.base.messages import Action
 from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig, ObservationConfig
 from runtime.errors import ActionError, NavigationBlocked
 from runtime.fence import Allowlist, AllowlistError, Fence
-from runtime.messages import Action
 from runtime.session import BrowserSession
 
 pytestmark = [pytest.mark.anyio]

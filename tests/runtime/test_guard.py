@@ -7,8 +7,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from runtime.base.config import ConfigError, EndpointConfig
 from runtime.cli import main
-from runtime.config import ConfigError, EndpointConfig
 from runtime.guard import MIN_TOKEN_CHARS, endpoint_token, is_loopback
 
 STRONG = "k" * MIN_TOKEN_CHARS

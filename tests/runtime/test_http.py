@@ -1,4 +1,4 @@
-"""runtime.http: free ports outside the ephemeral range, and serve_asgi's limits over real
+"""runtime.base.http: free ports outside the ephemeral range, and serve_asgi's limits over real
 sockets on 127.0.0.1 (TCP_NODELAY, request-head size and deadline, connection cap)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from runtime.http import HttpLimits, ServerStats, free_port, serve_asgi
+from runtime.base.http import HttpLimits, ServerStats, free_port, serve_asgi
 
 
 def _ephemeral_low() -> int:

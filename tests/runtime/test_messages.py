@@ -6,7 +6,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from runtime.messages import (
+from runtime.base.messages import (
     Action,
     AdapterPublished,
     AdapterSwapped,

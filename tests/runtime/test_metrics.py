@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.messages import (
+from runtime.base.messages import (
     AdapterPublished,
     AdapterSwapped,
     EpisodeFinished,

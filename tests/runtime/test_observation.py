@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from runtime.base.config import ObservationConfig
+from runtime.base.messages import Action
 from runtime.browser import BrowserPool
-from runtime.config import ObservationConfig
-from runtime.messages import Action
 from runtime.observation import (
     ID_ATTRIBUTE,
     Snapshot,

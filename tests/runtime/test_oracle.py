@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.messages import ChatMessage, ElementQuery, OracleStep, PolicyRequest, TaskConfig
+from runtime.base.messages import ChatMessage, ElementQuery, OracleStep, PolicyRequest, TaskConfig
 from runtime.oracle import OraclePolicy
 
 PAGE = """URL: http://127.0.0.1:8000/project/-/merge_requests

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from policy.prompt import SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT
-from runtime.config import Config, ObservationConfig, PolicyConfig
+from runtime.base.config import Config, ObservationConfig, PolicyConfig
 from runtime.episode import EpisodeSettings
 from runtime.modelinit import resolve_profile
 from runtime.observation import Snapshot, render

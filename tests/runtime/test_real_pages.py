@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from runtime.base.config import ObservationConfig
+from runtime.base.messages import Action
 from runtime.browser import BrowserPool
-from runtime.config import ObservationConfig
 from runtime.errors import ElementNotFound
-from runtime.messages import Action
 from runtime.observation import ID_ATTRIBUTE, Observation, estimate_tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.browser]

@@ -13,11 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig
-from runtime.environment import SitesEnvironment
-from runtime.episode import EpisodeSettings
-from runtime.messages import (
+from runtime.base.config import BrowserConfig
+from runtime.base.messages import (
     EpisodeStarted,
     EvalSpec,
     Event,
@@ -29,6 +26,9 @@ from runtime.messages import (
     TaskConfig,
     TrajectoryGroup,
 )
+from runtime.browser import BrowserPool
+from runtime.environment import SitesEnvironment
+from runtime.episode import EpisodeSettings
 from runtime.oracle import OraclePolicy
 from runtime.rollout import Rollout
 from runtime.scheduler import Scheduler

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from runtime.base.config import ObservationConfig
+from runtime.base.messages import Action
 from runtime.browser import BrowserPool
-from runtime.config import ObservationConfig
 from runtime.errors import ActionError, ElementNotFound, NavigationBlocked, ObservationError
 from runtime.fence import AllowlistError
-from runtime.messages import Action
 from runtime.observation import Observation
 from runtime.session import Allowlist, BrowserSession
 
@@ -49,7 +49,7 @@ def test_allowlist_by_origin() -> None:
         assert not allow.allows(refused)
     assert allow.describe() == "127.0.0.1:8001, localhost:9999"
     with pytest.raises(AllowlistError, match="'localhost' names no port"):
-        Allowlist.from_urls(["localhost"])  # never "every port" (issue 18, item 13)
+        Allowlist.from_urls(["localhost"])  # never "every port"
 
 
 @pytest.mark.browser

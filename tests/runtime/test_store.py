@@ -13,8 +13,8 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
+from runtime.base.messages import Action, Trajectory, TrajectoryGroup, Turn, encode
 from runtime.errors import StoreError
-from runtime.messages import Action, Trajectory, TrajectoryGroup, Turn, encode
 from runtime.store import (
     STORE_FILE,
     TrajectoryStore,

@@ -24,9 +24,9 @@ import pytest
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient
 from policy.server import VLLMServer
-from runtime.config import PolicyConfig
-from runtime.http import free_port
-from runtime.messages import Event, Fault
+from runtime.base.config import PolicyConfig
+from runtime.base.http import free_port
+from runtime.base.messages import Event, Fault
 from runtime.supervisor import ServerSupervisor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

@@ -18,8 +18,8 @@ import pytest
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams
 from policy.server import VLLMServer
-from runtime.config import PolicyConfig
-from runtime.messages import Event, Fault
+from runtime.base.config import PolicyConfig
+from runtime.base.messages import Event, Fault
 from runtime.supervisor import ServerSupervisor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -15,7 +15,7 @@ import pytest
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
 
-from runtime.messages import Evaluation, TaskConfig, decode_task
+from runtime.base.messages import Evaluation, TaskConfig, decode_task
 from sites.errors import PageClosedError, PageError
 from sites.evaluators import evaluate, unsupported
 from sites.judge import HttpJudge

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.config import ConfigError, SitesConfig
+from runtime.base.config import ConfigError, SitesConfig
 from sites.errors import JudgeError
 from sites.judge import HttpJudge, parse_fuzzy_verdict, parse_unachievable_verdict
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.messages import ReferenceAnswers, encode_tasks
+from runtime.base.messages import ReferenceAnswers, encode_tasks
 from sites.errors import PlaceholderError, TaskFileError
 from sites.tasks import (
     PAGE_ARG,

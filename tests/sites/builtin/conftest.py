@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 from playwright.async_api import BrowserContext, Page
 
-from runtime.config import SitesConfig
-from runtime.messages import ElementQuery, OracleStep, TaskConfig
+from runtime.base.config import SitesConfig
+from runtime.base.messages import ElementQuery, OracleStep, TaskConfig
 from sites.builtin import TENANT_COOKIE, BuiltinSites, generate_suite, serve_builtin_sites
 from sites.tasks import substitute_task
 

@@ -15,14 +15,14 @@ import httpx
 import pytest
 from playwright.async_api import BrowserContext, Page
 
+from runtime.base.messages import decode_tasks
 from runtime.cli import main
-from runtime.messages import decode_tasks
 from sites.builtin import ADMIN_HEADER as ADMIN
 from sites.builtin import TENANT_COOKIE
 from sites.builtin.admin import filter_orders
 from sites.builtin.data import ACCOUNTS, build_world
 from sites.builtin.maps import place_by_name, route
-from sites.builtin.store import Tenant
+from sites.builtin.tenants import Tenant
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import msgspec
 
 from sites.builtin.data import World, build_world
 from sites.builtin.records import Forum, Post
-from sites.builtin.store import Table, Tenant, TenantStore
+from sites.builtin.tenants import Table, Tenant, TenantStore
 
 
 def _dump(world: World) -> bytes:

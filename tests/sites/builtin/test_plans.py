@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.async_api import BrowserContext
 
-from runtime.messages import TaskConfig
+from runtime.base.messages import TaskConfig
 from sites.builtin import plan_for
 from sites.builtin.suite import templates
 from sites.evaluators import evaluate

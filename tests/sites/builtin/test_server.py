@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from playwright.async_api import Browser
 
-from runtime.config import SitesConfig
-from runtime.messages import TaskConfig
+from runtime.base.config import SitesConfig
+from runtime.base.messages import TaskConfig
 from sites.builtin import (
     ADMIN_HEADER,
     SITE_NAMES,
@@ -119,7 +119,7 @@ def _variant(task: TaskConfig, **changes: str) -> TaskConfig:
     template = templates()[int(task.intent_template_id)]  # type: ignore[arg-type]
     params = {**task.instantiation_dict, **changes}  # type: ignore[dict-item]
     from sites.builtin.data import build_world
-    from sites.builtin.store import Tenant
+    from sites.builtin.tenants import Tenant
 
     built = template.build(build_world(0), Tenant("x"), params)
     return msgspec.structs.replace(

@@ -9,7 +9,7 @@ import httpx
 import msgspec
 import pytest
 
-from runtime.messages import TaskConfig, decode_tasks, encode_tasks
+from runtime.base.messages import TaskConfig, decode_tasks, encode_tasks
 from sites.builtin import TENANT_COOKIE, BuiltinSites, generate_suite, plan_for
 from sites.builtin.errors import NotInSuiteError
 from sites.builtin.suite import ID_BASE, step_band, templates

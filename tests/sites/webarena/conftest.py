@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from runtime.config import SitesConfig
+from runtime.base.config import SitesConfig
 from sites.builtin import BuiltinSites, serve_builtin_sites
 
 FAKES = Path(__file__).with_name("fakes.py")

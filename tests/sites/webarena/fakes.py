@@ -33,8 +33,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from runtime.config import WebArenaAccountConfig
-from runtime.messages import TaskConfig
+from runtime.base.config import WebArenaAccountConfig
+from runtime.base.messages import TaskConfig
 from sites.builtin import TENANT_COOKIE, BuiltinSites
 from sites.pool import Instance, Resetter
 

@@ -14,7 +14,7 @@ import pytest
 from playwright.async_api import Browser, BrowserContext
 from structlog.testing import capture_logs
 
-from runtime.config import WebArenaAccountConfig
+from runtime.base.config import WebArenaAccountConfig
 from sites.auth import (
     STANDARD_ACCOUNTS,
     ContextFactory,

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from runtime.messages import TaskConfig, decode_task
+from runtime.base.messages import TaskConfig, decode_task
 from sites.errors import AuthError, SiteURLError, TaskFileError
 from sites.tasks import start_urls, substitute_task
 from sites.webarena import (

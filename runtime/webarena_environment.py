@@ -34,15 +34,15 @@ import msgspec
 import structlog
 from playwright.async_api import BrowserContext
 
+from runtime.base.config import Config, SitesConfig
+from runtime.base.messages import TaskConfig, TrajectoryGroup
 from runtime.browser import BrowserPool
-from runtime.config import Config, SitesConfig
 from runtime.environment import (
     EpisodeSetup,
     SitesEnvironment,
     evaluation_options,
     serve_builtin_environment,
 )
-from runtime.messages import TaskConfig, TrajectoryGroup
 from sites.auth import StorageStates, accounts_from_config
 from sites.errors import AuthError, SiteURLError
 from sites.pool import CommandResetter, HttpResetter, Instance, InstancePool, Resetter
@@ -63,7 +63,7 @@ __all__ = [
     "tasks_from_path",
 ]
 
-log = structlog.get_logger("runtime.webarena")
+log = structlog.get_logger("runtime.webarena_environment")
 
 _PLACEHOLDER = re.compile(r"__([A-Z][A-Z0-9_]*?)__")
 _MAX_GROUPS_BOOKED = 1024

@@ -1,8 +1,9 @@
 """Serve an ASGI app in-process: uvicorn inside the caller's event loop.
 
-The socket is bound and listening before `serve_asgi` yields, so the URL it yields is
-usable at once (early connections wait in the listen backlog). uvicorn's own signal
-handling is switched off: the process that embeds it (the daemon, a test) owns signals.
+`serve_asgi` is the one embedded HTTP server of the project (the control API, the agent
+endpoint, the built-in sites): it yields the URL once uvicorn has started, and uvicorn's
+own signal handling is switched off: the process that embeds it (the daemon, a test)
+owns signals.
 
 `listen_socket` is the one way this project opens a listening TCP socket (the API and the
 built-in sites): it names IPPROTO_TCP, so asyncio sets TCP_NODELAY on every accepted
@@ -107,7 +108,7 @@ class ServerStats:
 
 def _protocol_class(limits: HttpLimits, stats: ServerStats) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with a request-head deadline and a connection cap."""
-    quiet = logging.getLogger("runtime.http.uvicorn")
+    quiet = logging.getLogger("runtime.base.http.uvicorn")
     quiet.setLevel(logging.ERROR)  # "Invalid HTTP request" per bad client: counted by h11 400s
 
     class _Limited(H11Protocol):
@@ -161,9 +162,23 @@ def _protocol_class(limits: HttpLimits, stats: ServerStats) -> type[asyncio.Prot
 
 
 class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals alone (the owning process handles them) and
+    says when it has started."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = anyio.Event()
+
     @contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
+_GUARDED = HttpLimits()
 
 
 @asynccontextmanager
@@ -173,34 +188,46 @@ async def serve_asgi(
     host: str = "127.0.0.1",
     port: int = 0,
     graceful_s: float = 5.0,
-    limits: HttpLimits | None = None,
+    startup_s: float = 30.0,
+    limits: HttpLimits | None = _GUARDED,
     stats: ServerStats | None = None,
+    name: str = "http",
 ) -> AsyncIterator[str]:
-    """Serve `app` on host:port (0 = a free port) until the block exits; yields the URL.
+    """Serve `app` on host:port (0 = a free port) until the block exits; yields the URL
+    once the server has started (TimeoutError after `startup_s`).
 
-    `limits` defaults to `HttpLimits()`; `stats`, when given, is kept up to date.
+    `limits` (default `HttpLimits()`) bounds what a client may hold, on uvicorn's h11
+    protocol; None serves with uvicorn's own protocol (httptools where installed) and no
+    bounds, for servers that only this process's own browsers reach (the built-in sites).
+    `stats`, when given, is kept up to date. OSError when the address cannot be bound.
     """
-    limits = limits or HttpLimits()
     stats = stats if stats is not None else ServerStats()
     sock = listen_socket(host, port)
     bound_port = sock.getsockname()[1]
+    guarded: dict[str, Any] = {}
+    if limits is not None:
+        guarded = {
+            "http": _protocol_class(limits, stats),
+            "h11_max_incomplete_event_size": limits.max_header_bytes,
+            "timeout_keep_alive": limits.keep_alive_s,
+        }
     config = uvicorn.Config(
         app,
-        http=_protocol_class(limits, stats),
         ws="none",
         log_config=None,
         log_level="warning",
         access_log=False,
         lifespan="off",
-        h11_max_incomplete_event_size=limits.max_header_bytes,
-        timeout_keep_alive=limits.keep_alive_s,
-        timeout_graceful_shutdown=int(max(1, graceful_s)),
+        timeout_graceful_shutdown=int(max(1, round(graceful_s))),
+        **guarded,
     )
     server = _EmbeddedServer(config)
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(server.serve, [sock])
+            tg.start_soon(server.serve, [sock], name=f"{name} server")
             try:
+                with anyio.fail_after(startup_s):
+                    await server.ready.wait()
                 url_host = f"[{host}]" if ":" in host else host
                 yield f"http://{url_host}:{bound_port}"
             finally:

@@ -9,7 +9,6 @@ arrives. Training runs the same pieces endlessly (the daemon).
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -17,11 +16,12 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from runtime.base.config import Config
+from runtime.base.files import fsync_dir
+from runtime.base.messages import TaskConfig, TrajectoryGroup
 from runtime.browser import BrowserPool
-from runtime.config import Config
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
-from runtime.messages import TaskConfig, TrajectoryGroup
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.protocols import Policy
 from runtime.rollout import Rollout
@@ -161,11 +161,7 @@ async def write_demos(
             on_group=keep,
         )
     partial.replace(target)
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(target.parent)
     return DemoReport(
         path=str(target),
         tasks=len(tasks),

@@ -25,12 +25,12 @@ import anyio
 import msgspec
 import structlog
 
+from runtime.base.messages import RunRequest, RunState, RunTurn
 from runtime.logs import bind_ids
-from runtime.messages import RunRequest, RunState, RunTurn
 
 __all__ = ["EndpointFull", "RunExecutor", "RunOutcome", "RunService", "UnknownRun"]
 
-log = structlog.get_logger("runtime.runs")
+log = structlog.get_logger("runtime.agent_runs")
 
 _ENDED = ("finished", "failed", "cancelled")
 
