@@ -28,7 +28,7 @@ END = "<!-- results:end -->"
 
 # The order of the sections; benchmarks not listed here follow in name order.
 ORDER = (
-    "firstrun", "rollout", "serving", "compression", "hotswap", "learner", "pipeline",
+    "firstrun", "rollout", "serving", "keepalive", "compression", "hotswap", "learner", "pipeline",
     "recipe", "errors", "learning",
 )  # fmt: skip
 
