@@ -188,28 +188,10 @@ class Daemon:
         return out
 
     def prometheus(self) -> str:
-        text = self.book.prometheus()
-        if self._supervisor is not None:
-            server = self._supervisor.statistics()
-            text += (
-                "# TYPE webagent_policy_server_up gauge\n"
-                f"webagent_policy_server_up {int(server.state == 'up')}\n"
-                "# TYPE webagent_policy_server_restarts_total counter\n"
-                f"webagent_policy_server_restarts_total {server.restarts}\n"
-            )
-        if self._scheduler is not None:
-            stats = self._scheduler.statistics()
-            text += (
-                "# TYPE webagent_groups_in_flight gauge\n"
-                f"webagent_groups_in_flight {stats.groups_in_flight}\n"
-                "# TYPE webagent_episodes_in_flight gauge\n"
-                f"webagent_episodes_in_flight {stats.episodes_in_flight}\n"
-                "# TYPE webagent_group_queue_depth gauge\n"
-                f"webagent_group_queue_depth {stats.queue_depth}\n"
-                "# TYPE webagent_steps_per_second gauge\n"
-                f"webagent_steps_per_second {stats.steps_per_s:g}\n"
-            )
-        return text
+        return self.book.prometheus(
+            server=self._supervisor.statistics() if self._supervisor is not None else None,
+            scheduler=self._scheduler.statistics() if self._scheduler is not None else None,
+        )
 
     # ------------------------------------------------------------------ running
 

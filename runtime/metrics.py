@@ -27,6 +27,8 @@ from runtime.base.messages import (
     decode_event,
     encode,
 )
+from runtime.scheduler import SchedulerStatistics
+from runtime.supervisor import ServerState
 
 __all__ = ["MetricsBook", "plot_learning_curve", "read_events"]
 
@@ -114,8 +116,15 @@ class MetricsBook:
             "faults": dict(self.faults),
         }
 
-    def prometheus(self) -> str:
-        """Prometheus text exposition format (version 0.0.4)."""
+    def prometheus(
+        self,
+        *,
+        server: ServerState | None = None,
+        scheduler: SchedulerStatistics | None = None,
+    ) -> str:
+        """Prometheus text exposition format (version 0.0.4): the counters of the events
+        recorded, and the gauges of the policy server's supervisor and the scheduler when
+        given."""
         out: list[str] = []
 
         def metric(name: str, kind: str, samples: Iterable[tuple[str, float]]) -> None:
@@ -154,6 +163,14 @@ class MetricsBook:
             "gauge",
             ((f'{{split="{s}"}}', v) for s, v in sorted(self.eval_success.items())),
         )
+        if server is not None:
+            metric("policy_server_up", "gauge", [("", int(server.state == "up"))])
+            metric("policy_server_restarts_total", "counter", [("", server.restarts)])
+        if scheduler is not None:
+            metric("groups_in_flight", "gauge", [("", scheduler.groups_in_flight)])
+            metric("episodes_in_flight", "gauge", [("", scheduler.episodes_in_flight)])
+            metric("group_queue_depth", "gauge", [("", scheduler.queue_depth)])
+            metric("steps_per_second", "gauge", [("", scheduler.steps_per_s)])
         return "\n".join(out) + "\n"
 
 

@@ -14,6 +14,8 @@ from runtime.base.messages import (
     UpdateApplied,
 )
 from runtime.metrics import MetricsBook, plot_learning_curve, read_events
+from runtime.scheduler import SchedulerStatistics
+from runtime.supervisor import ServerState
 
 
 def _events() -> list:  # type: ignore[type-arg]
@@ -90,6 +92,32 @@ def test_prometheus_text() -> None:
     for line in text.splitlines():  # every sample line is `name{labels} number`
         if not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])
+
+
+def test_prometheus_gauges_of_the_server_and_the_scheduler() -> None:
+    book = MetricsBook()
+    assert "policy_server_up" not in book.prometheus()  # not given: not shown
+    server = ServerState(
+        state="down", managed=True, url="http://127.0.0.1:1", reason="exited", since=0.0,
+        outages=2, restarts=2, recovery_s=[3.0, 4.0],
+    )  # fmt: skip
+    scheduler = SchedulerStatistics(
+        groups_in_flight=2, groups_started=9, groups_finished=7, episodes_waiting=0,
+        episodes_in_flight=8, episodes_finished=28, episodes_failed=0, queue_depth=1,
+        turns=140, steps_per_s=1.25, episodes_per_s=0.2, epoch=0, paused=False, stopping=False,
+    )  # fmt: skip
+    text = book.prometheus(server=server, scheduler=scheduler)
+    for line in (
+        "# TYPE webagent_policy_server_up gauge",
+        "webagent_policy_server_up 0",
+        "# TYPE webagent_policy_server_restarts_total counter",
+        "webagent_policy_server_restarts_total 2",
+        "webagent_groups_in_flight 2",
+        "webagent_episodes_in_flight 8",
+        "webagent_group_queue_depth 1",
+        "webagent_steps_per_second 1.25",
+    ):
+        assert line in text.splitlines()
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
