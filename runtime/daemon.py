@@ -33,7 +33,7 @@ import contextlib
 import random
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,24 +44,23 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from runtime.agent_episode import run_agent_episode
 from runtime.agent_runs import RunOutcome, RunService
 from runtime.base.config import Config, dump_config
 from runtime.base.files import write_atomic
 from runtime.base.messages import (
     EvalFinished,
-    EvalSpec,
     Event,
     RunRequest,
     RunTurn,
     TaskConfig,
     TrajectoryGroup,
-    Turn,
     UpdateApplied,
 )
 from runtime.bootstrap import BootstrapProgress
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
-from runtime.episode import Episode, EpisodeSettings
+from runtime.episode import EpisodeSettings
 from runtime.metrics import MetricsBook, plot_learning_curve
 from runtime.supervisor import ServerSupervisor
 from sites.judge import HttpJudge
@@ -544,10 +543,15 @@ class Daemon:
             max_intent_tokens=intent_budget(config),
         )
 
-        async def execute(run_id: str, request: RunRequest, on_turn: Any) -> RunOutcome:
-            return await self._agent_run(
-                env=env, pool=pool, stack=stack, run_id=run_id, request=request, on_turn=on_turn
-            )
+        settings = EpisodeSettings.from_config(config)
+
+        async def execute(
+            run_id: str, request: RunRequest, on_turn: Callable[[RunTurn], None]
+        ) -> RunOutcome:
+            return await run_agent_episode(
+                run_id, request, on_turn, env=env, pool=pool, policy=stack.policy,
+                settings=settings, count_tokens=stack.renderer.count_tokens,
+            )  # fmt: skip
 
         def validate(request: RunRequest) -> None:
             if request.adapter is not None and stack.adapters.resident(request.adapter) is None:
@@ -575,68 +579,6 @@ class Daemon:
                 task_status.started()
                 await anyio.sleep_forever()
 
-    async def _agent_run(
-        self,
-        *,
-        env: Environment,
-        pool: BrowserPool,
-        stack: Any,
-        run_id: str,
-        request: RunRequest,
-        on_turn: Any,
-    ) -> RunOutcome:
-        """One agent run: its own context, the start URL's host and `sites` allowed."""
-        from runtime.actions import format_action
-
-        task = TaskConfig(
-            task_id=-1,
-            intent=request.intent,
-            start_url=request.start_url,
-            eval=request.evaluation if request.evaluation is not None else EvalSpec(),
-        )
-        policy = stack.policy if request.adapter is None else _Pinned(stack.policy, request.adapter)
-
-        def report(turn: Turn) -> None:
-            on_turn(
-                RunTurn(
-                    index=turn.index,
-                    url=turn.url,
-                    thought=turn.thought,
-                    action=format_action(turn.action) if turn.action else "",
-                    error=turn.parse_error or turn.action_error,
-                )
-            )
-
-        # The environment's episode setup gives the run what a rollout gets (on the built-in
-        # sites: its own tenant, by cookie); the allowlist is the request's own.
-        async with (
-            env.episode(task) as setup,
-            pool.session(
-                allowed=[request.start_url, *request.sites], cookies=setup.cookies
-            ) as session,
-        ):
-            episode = Episode(
-                episode_id=run_id,
-                group_id="endpoint",
-                task=setup.task,
-                start_urls=setup.start_urls,
-                urls=setup.urls,
-                session=session,
-                policy=policy,
-                evaluate=env.evaluate if request.evaluation is not None else None,
-                settings=EpisodeSettings.from_config(self.config, max_turns=request.max_turns),
-                count_tokens=stack.renderer.count_tokens,
-                on_turn=report,
-            )
-            trajectory = await episode.run()
-        adapters = sorted({t.adapter for t in trajectory.turns if t.adapter})
-        return RunOutcome(
-            answer=trajectory.answer,
-            episode_status=trajectory.status,
-            reward=trajectory.reward if request.evaluation is not None else None,
-            adapter=adapters[-1] if adapters else None,
-        )
-
     async def _watch_adapters(self, stack: Any) -> None:
         """Hot reload: every new folder with a manifest under `watch_adapters` is served."""
         from watchfiles import awatch
@@ -653,17 +595,6 @@ class Daemon:
                     log.warning(
                         "daemon.hot_reload_refused", path=str(manifest.parent), error=str(exc)
                     )
-
-
-class _Pinned:
-    """A policy whose every request names one served adapter."""
-
-    def __init__(self, policy: Any, adapter: str) -> None:
-        self.policy = policy
-        self.adapter = adapter
-
-    async def act(self, request: Any) -> Any:
-        return await self.policy.act(msgspec.structs.replace(request, adapter=self.adapter))
 
 
 def _eval_tasks(env: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:
