@@ -42,7 +42,7 @@ from pathlib import Path
 import msgspec
 
 from learner.errors import CheckpointError
-from runtime.base.files import write_folder, write_synced
+from runtime.base.files import write_folder
 
 __all__ = [
     "ConsumedJournal",
@@ -126,7 +126,7 @@ def write_checkpoint(
 
     def fill(tmp: Path) -> None:
         write_files(tmp)
-        write_synced(tmp / STATE_FILE, msgspec.json.encode(state))  # last: marks it complete
+        (tmp / STATE_FILE).write_bytes(msgspec.json.encode(state))  # last: marks it complete
 
     try:
         # The same version again is refused rather than mixed (a retried update after a

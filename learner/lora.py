@@ -38,7 +38,7 @@ from learner.errors import AdapterError
 from policy import adapters as _policy
 from policy.errors import AdapterManifestError
 from runtime.base.config import LearnerConfig
-from runtime.base.files import write_folder, write_synced
+from runtime.base.files import write_folder
 from runtime.base.messages import AdapterManifest
 
 __all__ = [
@@ -242,7 +242,7 @@ def _write_adapter(
             lora_alpha=config.lora_alpha,
             target_modules=list(config.lora_targets),
         )
-        write_synced(tmp / MANIFEST, msgspec.json.format(msgspec.json.encode(manifest)))
+        (tmp / MANIFEST).write_bytes(msgspec.json.format(msgspec.json.encode(manifest)))
 
     try:
         return write_folder(root / name, fill)

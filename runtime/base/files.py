@@ -7,8 +7,8 @@ storage states all go through these functions.
 - `write_folder(target, fill)`: a folder; `fill(tmp)` writes its files into an empty
   temporary folder beside `target`, which is renamed into place once every file is synced.
   A crash leaves a `.NAME.tmp-*` folder beside it, never a half-written `target`.
-- `write_synced`, `fsync_tree`, `fsync_dir`: the steps, for appenders that manage their
-  own files (a journal, a JSONL store).
+- `fsync_dir`: for appenders that manage their own files (a JSONL store, a demo file
+  renamed into place).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_tree", "write_atomic", "write_folder", "write_synced"]
+__all__ = ["fsync_dir", "fsync_tree", "write_atomic", "write_folder"]
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -41,15 +41,6 @@ def fsync_tree(folder: Path) -> None:
     for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
         fsync_dir(sub)
     fsync_dir(folder)
-
-
-def write_synced(path: Path, data: bytes) -> None:
-    """Write `data` to `path` in place and fsync it (for files inside a temporary folder
-    that `write_folder` renames; anywhere else use `write_atomic`)."""
-    with path.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def write_atomic(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
@@ -76,7 +67,8 @@ def write_folder(
     target: str | Path, fill: Callable[[Path], None], *, replace: bool = False
 ) -> Path:
     """Make `target` a folder holding what `fill(tmp)` writes into an empty temporary
-    folder beside it; returns `target`.
+    folder beside it; returns `target`. `fill` writes plainly: every file it leaves is
+    fsynced here, before the rename.
 
     Every file is fsynced before the rename and the parent after it. An existing `target`
     is replaced when `replace` (removed just before the rename), else FileExistsError:
