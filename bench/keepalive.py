@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -58,34 +56,22 @@ def _proto0_socket(host: str, port: int, *, backlog: int = 2048) -> socket.socke
     return sock
 
 
-@contextmanager
-def _listening(nodelay: bool) -> Iterator[None]:
-    """serve_asgi's sockets for one arm (the proto-0 arm swaps the socket maker)."""
-    real = http.listen_socket
-    if not nodelay:
-        http.listen_socket = _proto0_socket
-    try:
-        yield
-    finally:
-        http.listen_socket = real
-
-
 async def _arm(server: str, nodelay: bool, path: str, requests: int) -> list[float]:
     """Seconds per request, `requests` sequential GETs on one keep-alive connection."""
     limits = http.HttpLimits() if server == "api" else None
-    with _listening(nodelay):
-        async with (
-            http.serve_asgi(APP, limits=limits) as url,
-            httpx.AsyncClient(base_url=url, timeout=10) as client,
-        ):
-            for _ in range(5):  # warm up: connection, routes
-                (await client.get(path)).raise_for_status()
-            times = []
-            for _ in range(requests):
-                began = time.perf_counter()
-                response = await client.get(path)
-                times.append(time.perf_counter() - began)
-                response.raise_for_status()
+    sock = http.listen_socket("127.0.0.1", 0) if nodelay else _proto0_socket("127.0.0.1", 0)
+    async with (
+        http.serve_asgi(APP, limits=limits, sock=sock) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        for _ in range(5):  # warm up: connection, routes
+            (await client.get(path)).raise_for_status()
+        times = []
+        for _ in range(requests):
+            began = time.perf_counter()
+            response = await client.get(path)
+            times.append(time.perf_counter() - began)
+            response.raise_for_status()
     return times
 
 

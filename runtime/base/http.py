@@ -192,6 +192,7 @@ async def serve_asgi(
     limits: HttpLimits | None = _GUARDED,
     stats: ServerStats | None = None,
     name: str = "http",
+    sock: socket.socket | None = None,
 ) -> AsyncIterator[str]:
     """Serve `app` on host:port (0 = a free port) until the block exits; yields the URL
     once the server has started (TimeoutError after `startup_s`).
@@ -200,14 +201,15 @@ async def serve_asgi(
     protocol; None serves with uvicorn's own protocol (httptools where installed) and no
     bounds, for servers that only this process's own browsers reach (the built-in sites).
     `stats`, when given, is kept up to date. OSError when the address cannot be bound.
+    `sock`, when given, is a listening socket served instead of binding host:port (closed
+    at the end; a benchmark compares sockets with it).
     """
-    stats = stats if stats is not None else ServerStats()
-    sock = listen_socket(host, port)
+    sock = sock if sock is not None else listen_socket(host, port)
     bound_port = sock.getsockname()[1]
     guarded: dict[str, Any] = {}
     if limits is not None:
         guarded = {
-            "http": _protocol_class(limits, stats),
+            "http": _protocol_class(limits, stats if stats is not None else ServerStats()),
             "h11_max_incomplete_event_size": limits.max_header_bytes,
             "timeout_keep_alive": limits.keep_alive_s,
         }
