@@ -9,7 +9,7 @@ Every benchmark writes one JSON file `{out}/{bench}-{YYYYmmdd-HHMMSS}.json` hold
     notes     lines printed under the table (ratios, caveats)
     ...       the benchmark's raw numbers
 
-and `bench/results.py` turns the newest file of each benchmark into the README's tables.
+and `bench/results.py` turns the newest file of each benchmark into the tables of docs/results.md.
 
 Memory is PSS (proportional set size) summed over a process and all its descendants
 (Chromium's renderers, vLLM's workers): shared pages are divided among the processes that
@@ -308,12 +308,15 @@ def tiny_model(out: str | Path, seed: int = 0) -> Path:
 
 
 def with_style(config: Any, style: str) -> Any:
-    """`config` (a runtime Config) with a concrete observation style ("html"/"compact"):
-    the oracle reads the observation in the style it is rendered in."""
+    """`config` (a runtime Config) with a concrete observation style ("html"/"compact"),
+    its other "auto" choices settled for `policy.model`: the oracle reads the observation
+    in the style it is rendered in."""
     import msgspec
 
+    from policy.profile import settle_auto
+
     observation = msgspec.structs.replace(config.observation, style=style)
-    return msgspec.structs.replace(config, observation=observation)
+    return settle_auto(msgspec.structs.replace(config, observation=observation))
 
 
 def load_note(load: LoadSampler) -> str:

@@ -36,8 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from bench.common import LoadSampler, finish, load_note, tiny_model
+from policy.profile import settle_auto
+from policy.prompt import system_prompt
 from runtime.base.config import Config, load_config
 from runtime.base.messages import AdapterPublished, Event, TrajectoryGroup
 from runtime.logs import configure_logging
@@ -46,7 +49,6 @@ from runtime.logs import configure_logging
 def make_setup(out: Path, *, threads: int) -> tuple[Path, Path]:
     """Task folder (two one-step SKU tasks) and a BC model on them; made once."""
     from learner.bc import behaviour_clone
-    from runtime.base.config import BCConfig
     from runtime.base.messages import encode_tasks
     from runtime.task_runs import write_demos
     from runtime.webarena_environment import open_environment
@@ -64,7 +66,8 @@ def make_setup(out: Path, *, threads: int) -> tuple[Path, Path]:
     (root / "base.toml").write_text(
         f'[sites]\ntasks = "{folder}"\n[observation]\nstyle = "compact"\n'
     )
-    config = load_config(str(root / "base.toml"))
+    base = tiny_model(out)
+    config = settle_auto(load_config(str(root / "base.toml")), base)
     demos = root / "demos.jsonl"
 
     async def demo() -> None:
@@ -74,12 +77,14 @@ def make_setup(out: Path, *, threads: int) -> tuple[Path, Path]:
     anyio.run(demo)
     behaviour_clone(
         demos,
-        base_model=tiny_model(out),
+        base_model=base,
         out=bc,
         heldout=demos,
-        config=BCConfig(max_steps=100, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
-                        warmup_steps=5, eval_every_steps=10, target_accuracy=1.0,
-                        torch_threads=threads),
+        config=msgspec.structs.replace(
+            config.bc, max_steps=100, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
+            warmup_steps=5, eval_every_steps=10, target_accuracy=1.0, torch_threads=threads,
+        ),
+        system_prompt=system_prompt(config.policy.system_prompt),
         overwrite=True,
     )  # fmt: skip
     return folder, bc
@@ -117,7 +122,7 @@ run_dir = "{run_dir}"
 data_dir = "{run_dir / "data"}"
 """
     )
-    return load_config(str(path))
+    return settle_auto(load_config(str(path)))
 
 
 def _zero(group: TrajectoryGroup) -> bool:

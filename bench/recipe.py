@@ -43,9 +43,16 @@ import msgspec
 
 from bench.common import LoadSampler, format_table, load_note, tiny_model, write_result
 from policy.allocator import preload_env
-from policy.profile import model_profile
+from policy.profile import settle_auto
 from policy.prompt import system_prompt
-from runtime.base.config import BCConfig, Config, LearnerConfig, ObservationConfig, SchedulerConfig
+from runtime.base.config import (
+    BCConfig,
+    Config,
+    LearnerConfig,
+    ObservationConfig,
+    PolicyConfig,
+    SchedulerConfig,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +95,8 @@ def demos(out: Path, seed: int, split: str, style: str) -> Path:
     path = out / "cache" / f"demos-{style}-{split}-{seed}.jsonl"
     if path.is_file():
         return path
-    config = Config(observation=ObservationConfig(style=style))  # type: ignore[arg-type]
+    # The oracle reads the pages in the style they are rendered in; the prompt is not read.
+    config = settle_auto(Config(observation=ObservationConfig(style=style)))  # type: ignore[arg-type]
 
     async def write() -> None:
         async with open_environment(config) as env:
@@ -224,9 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     from learner.bc import behaviour_clone, snapshot_path
 
     base = base_model(out, args.model, args.seed)
-    profile = model_profile(base)
-    style = profile.observation_style if args.style == "auto" else args.style
-    prompt = profile.system_prompt if args.prompt == "auto" else args.prompt
+    settled = settle_auto(
+        Config(
+            observation=ObservationConfig(style=args.style),
+            policy=PolicyConfig(system_prompt=args.prompt),
+            bc=BCConfig(prompt_loss=args.prompt_loss),
+        ),
+        base,
+    )
+    style, prompt = settled.observation.style, settled.policy.system_prompt
     train = demos(out, args.seed, "train", style)
     test = demos(out, args.seed, "test", style)
     steps = _steps_by_task(test)
@@ -238,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every,
         eval_examples=args.eval_examples, torch_threads=args.threads, seed=args.seed,
-        prompt_loss=args.prompt_loss, learning_rate=args.lr, batch_size=args.batch,
+        prompt_loss=settled.bc.prompt_loss, learning_rate=args.lr, batch_size=args.batch,
         snapshot_minutes=args.snapshots,
     )  # fmt: skip
     lora = LearnerConfig(lora_layers=args.lora_layers)

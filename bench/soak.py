@@ -107,8 +107,12 @@ def _base(work: Path, model: str) -> Path:
 
 def _prepare(work: Path, model: str) -> Path:
     """Tasks, demonstrations and a behaviour-cloned model; the config file."""
+    import msgspec
+
     from learner.bc import behaviour_clone
-    from runtime.base.config import BCConfig
+    from policy.profile import settle_auto
+    from policy.prompt import system_prompt
+    from runtime.base.config import load_config
     from runtime.base.messages import encode_tasks
     from sites.builtin import generate_suite, plan_for
 
@@ -128,12 +132,16 @@ def _prepare(work: Path, model: str) -> Path:
             check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         tiny = model == "tiny"
+        base_model = _base(work, model)
+        settled = settle_auto(load_config(str(base)), base_model)
         behaviour_clone(
-            demos, base_model=_base(work, model), out=bc, heldout=demos,
-            config=BCConfig(max_steps=100, max_minutes=6.0, batch_size=4,
-                            learning_rate=3e-3 if tiny else 1e-3, warmup_steps=5,
-                            eval_every_steps=10, target_accuracy=1.0,
-                            torch_threads=1 if tiny else 0),
+            demos, base_model=base_model, out=bc, heldout=demos,
+            config=msgspec.structs.replace(
+                settled.bc, max_steps=100, max_minutes=6.0, batch_size=4,
+                learning_rate=3e-3 if tiny else 1e-3, warmup_steps=5, eval_every_steps=10,
+                target_accuracy=1.0, torch_threads=1 if tiny else 0,
+            ),
+            system_prompt=system_prompt(settled.policy.system_prompt),
         )  # fmt: skip
     config = work / "soak.toml"
     config.write_text(

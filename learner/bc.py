@@ -15,10 +15,11 @@ format), averaged over the tokens of an action, then over the actions of the min
 the per-turn weights of `learner.loss.triple_mean_weights` with every turn its own
 trajectory, so micro-batching by token budget is exact, as in RL. With `bc.prompt_loss`
 w > 0, plus w times the mean negative log-likelihood of the minibatch's prompt tokens (a
-language-model loss on the pages and the task; logits then cover every position). "auto"
-(the default) is `TINY_PROMPT_LOSS` for a tiny model made here and 0 for any other: pages
-repeat the names a reply must copy, so the loss on them teaches the tiny model to read
-them; a pretrained model already can.
+language-model loss on the pages and the task; logits then cover every position). Its
+"auto" (the default) is settled by the caller (`policy.profile.settle_auto`:
+`TINY_PROMPT_LOSS` for a tiny model made here and 0 for any other: pages repeat the names a
+reply must copy, so the loss on them teaches the tiny model to read them; a pretrained
+model already can), as is the system prompt the turns are rendered with.
 
 Accuracy (train and held-out, per step): teacher-forced exact match of the ACTION: with the
 demonstration's own prompt and thought as context, the argmax token equals the demonstrated
@@ -58,10 +59,7 @@ from learner.engine import compute_autocast, lr_factor, resolve_device
 from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora
 from learner.loss import token_logprobs, triple_mean_weights
-from policy.profile import model_profile
 from policy.prompt import PromptRenderer
-from policy.prompt import system_prompt as named_prompt
-from policy.tiny import is_tiny_model
 from runtime.base.config import BCConfig, LearnerConfig
 from runtime.base.files import write_folder
 from runtime.base.messages import TrajectoryGroup
@@ -85,8 +83,6 @@ log = structlog.get_logger("learner.bc")
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 REPORT_FILE = "bc.json"
-# bc.prompt_loss "auto" for a tiny model made here (runtime.base.config.BCConfig says why).
-TINY_PROMPT_LOSS = 1.0
 
 
 class BCEval(msgspec.Struct, frozen=True, kw_only=True):
@@ -360,7 +356,7 @@ def behaviour_clone(
     lora: LearnerConfig = LearnerConfig(),
     heldout: str | Path | Sequence[TrajectoryGroup] | None = None,
     keep_thoughts: bool = True,
-    system_prompt: str | None = None,
+    system_prompt: str,
     evaluate_success: Callable[[Any], float] | None = None,
     overwrite: bool = False,
     should_stop: Callable[[], bool] | None = None,
@@ -368,9 +364,11 @@ def behaviour_clone(
 ) -> BCReport:
     """Train on the demonstrations and write the BC checkpoint to `out` (see module doc).
 
-    `system_prompt` None: the one the base model is made for (`policy.tiny.model_profile`),
-    which rollouts of the checkpoint will send. `should_stop()` true (checked before each
-    step; e.g. a daemon's Ctrl-C) abandons the run: LearnerError, nothing written.
+    `system_prompt` is the text rollouts of the checkpoint will send (the settled
+    `policy.system_prompt`); `config.prompt_loss` must be settled too ("auto" is a
+    LearnerError: `policy.profile.settle_auto` decides it). `should_stop()` true (checked
+    before each step; e.g. a daemon's Ctrl-C) abandons the run: LearnerError, nothing
+    written.
 
     `evaluate_success(model)` (optional) returns held-out episode success of the torch
     model at each evaluation; it enables `config.target_success`. `on_step` is called
@@ -381,12 +379,12 @@ def behaviour_clone(
         raise LearnerError(f"{target} exists (pass overwrite to replace it)")
     if config.max_steps == 0 and config.max_minutes == 0:
         raise LearnerError("BC needs a bound: bc.max_steps or bc.max_minutes")
-    if system_prompt is None:
-        system_prompt = named_prompt(model_profile(base_model).system_prompt)
     if config.prompt_loss == "auto":
-        prompt_loss = TINY_PROMPT_LOSS if is_tiny_model(base_model) else 0.0
-    else:
-        prompt_loss = config.prompt_loss
+        raise LearnerError(
+            "bc.prompt_loss is 'auto': settle the config for the base model first "
+            "(policy.profile.settle_auto)"
+        )
+    prompt_loss = config.prompt_loss
     renderer = PromptRenderer.from_model(base_model)
     groups = read_demos(demos) if isinstance(demos, (str, Path)) else list(demos)
 

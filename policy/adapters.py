@@ -17,6 +17,9 @@ last lease ends; an unload that fails (server unreachable) is logged and retried
 next publish or release. Requests hold a lease (`with manager.lease() as lease:`) on one
 version for their whole duration. After a server restart, `restore()` loads the resident
 versions again (`VLLMPolicy` calls it when the server answers 404 for an adapter).
+
+`publish_new_folders(manager, folder)` is hot reload: every adapter folder that appears
+under `folder` (its manifest written) is published; a bad one is refused and logged.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ __all__ = [
     "AdapterStatistics",
     "SwapResult",
     "adapter_name",
+    "publish_new_folders",
     "read_manifest",
     "weights_sha256",
 ]
@@ -386,3 +390,37 @@ class AdapterManager:
             swap_latency_max_s=max(latencies, default=0.0),
             unloads_pending=[r.name for r in self._resident.values() if self._retired(r.version)],
         )
+
+
+async def publish_new_folders(manager: AdapterManager, folder: Path) -> None:
+    """Publish every adapter folder (one with a `manifest.json`, at any depth) that appears
+    under `folder` (created if missing) or whose manifest is rewritten, until cancelled;
+    those there at the start are left alone. A folder that is refused is logged, never
+    fatal.
+
+    Each batch of file events rescans the folder rather than trusting the events to name
+    the manifest: a folder moved in whole is one event for the folder, and files written
+    right after a `mkdir` can land before the watch on the new folder exists."""
+    from watchfiles import awatch
+
+    await anyio.Path(folder).mkdir(parents=True, exist_ok=True)
+
+    def manifests() -> dict[Path, int]:
+        found = {}
+        for path in folder.glob(f"**/{MANIFEST_FILE}"):
+            with contextlib.suppress(OSError):  # gone since it was listed
+                found[path] = path.stat().st_mtime_ns
+        return found
+
+    handled = await anyio.to_thread.run_sync(manifests)
+    async for _ in awatch(folder, recursive=True):
+        current = await anyio.to_thread.run_sync(manifests)
+        for manifest, stamp in sorted(current.items()):
+            if handled.get(manifest) == stamp:
+                continue
+            handled[manifest] = stamp
+            try:
+                result = await manager.publish(manifest.parent)
+                _log.info("daemon.hot_reload", adapter=result.name, path=str(manifest.parent))
+            except Exception as exc:
+                _log.warning("daemon.hot_reload_refused", path=str(manifest.parent), error=str(exc))

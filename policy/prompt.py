@@ -82,7 +82,7 @@ def system_prompt(name: str) -> str:
     if name == "auto":
         raise ValueError(
             'policy.system_prompt "auto" is settled against the model before episodes run '
-            "(runtime.modelinit.resolve_profile)"
+            "(policy.profile.settle_auto)"
         )
     if name not in prompts:
         raise ValueError(f"unknown system prompt {name!r}: expected one of {sorted(prompts)}")

@@ -41,7 +41,6 @@ __all__ = [
     "TinyModelSpec",
     "TokenizerRecipe",
     "base_corpus",
-    "is_tiny_model",
     "make_tiny_model",
     "model_profile",
     "train_tokenizer",
@@ -110,11 +109,6 @@ class TokenizerRecipe(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 # The tokenizer `webagent model init --tiny` makes: words and ids as whole tokens.
 TINY_RECIPE = TokenizerRecipe(split="ids")
-
-
-def is_tiny_model(model: str | Path) -> bool:
-    """Whether `model` is a folder `make_tiny_model` wrote (it has `tiny_model.json`)."""
-    return (Path(model) / INFO_FILE).is_file()
 
 
 class TinyModelInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,8 +19,10 @@ that is not `application/json` (415) or too long (413):
     GET  /v1/runs/{id}/events      server-sent events: `turn` per turn, then `end`
     DELETE /v1/runs/{id}           cancel a run (also POST /v1/runs/{id}/cancel) -> RunState
 
-The app talks to the daemon through two narrow seams: an `DaemonControls` (status, metrics,
-pause, policy loading) and a `RunService` that owns the agent runs.
+The app talks to the daemon through two narrow seams: a `DaemonControls` (status, metrics,
+pause, policy loading) and a `RunService` that owns the agent runs. `serve_api` is the
+daemon's: it wires the agent endpoint's runs (`runtime.agent_episode`) to the served policy
+and the environment and serves the app until cancelled.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import anyio
 import msgspec
 import structlog
+from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -41,10 +45,16 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.agent_runs import EndpointFull, RunService, UnknownRun
-from runtime.base.config import EndpointConfig
+from runtime.agent_episode import run_agent_episode
+from runtime.agent_runs import EndpointFull, RunOutcome, RunService, UnknownRun
+from runtime.base.config import Config, EndpointConfig
+from runtime.base.http import serve_asgi
 from runtime.base.messages import RunRequest, RunState, RunTurn
-from runtime.guard import RequestGuard, RunRefused, RunTargets
+from runtime.browser import BrowserPool
+from runtime.environment import Environment
+from runtime.episode import EpisodeSettings
+from runtime.guard import RequestGuard, RunRefused, RunTargets, http_limits, intent_budget
+from runtime.policystack import PolicyStack
 
 __all__ = ["DaemonControls", "build_app"]
 
@@ -331,3 +341,54 @@ def build_app(
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
+
+
+async def serve_api(
+    controls: DaemonControls | None,
+    config: Config,
+    *,
+    environment: Environment,
+    pool: BrowserPool,
+    stack: PolicyStack,
+    token: str,
+    task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the app on `endpoint.host:port` until cancelled; `task_status.started(url)`.
+
+    Agent runs drive the served policy (an adapter the request names must be resident)
+    in `environment`; `RunTargets` refuses a run aimed at the policy server or at this
+    API itself, whose URL joins them once it is bound.
+    """
+    targets = RunTargets(
+        own=[stack.server.url],
+        site_urls=environment.urls.values(),
+        count_tokens=stack.renderer.count_tokens,
+        max_intent_tokens=intent_budget(config),
+    )
+    settings = EpisodeSettings.from_config(config)
+
+    async def execute(
+        run_id: str, request: RunRequest, on_turn: Callable[[RunTurn], None]
+    ) -> RunOutcome:
+        return await run_agent_episode(
+            run_id, request, on_turn, env=environment, pool=pool, policy=stack.policy,
+            settings=settings, count_tokens=stack.renderer.count_tokens,
+        )  # fmt: skip
+
+    def validate(request: RunRequest) -> None:
+        if request.adapter is not None and stack.adapters.resident(request.adapter) is None:
+            raise ValueError(f"adapter {request.adapter!r} is not served")
+
+    endpoint = config.endpoint
+    async with RunService(
+        execute, max_runs=endpoint.max_runs, max_turns=endpoint.max_turns, validate=validate
+    ) as runs:
+        app = build_app(
+            controls=controls, runs=runs, token=token, endpoint=endpoint, targets=targets
+        )
+        limits = http_limits(endpoint)
+        async with serve_asgi(app, host=endpoint.host, port=endpoint.port, limits=limits) as url:
+            targets.add_own(url)
+            log.info("daemon.api", url=url, auth=bool(token))
+            task_status.started(url)
+            await anyio.sleep_forever()

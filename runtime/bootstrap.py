@@ -34,7 +34,13 @@ from runtime.base.config import Config, EndpointConfig, dump_config
 from runtime.base.files import write_atomic
 from runtime.environment import Environment
 
-__all__ = ["BootstrapPaths", "BootstrapProgress", "prepare_model"]
+__all__ = [
+    "BootstrapPaths",
+    "BootstrapProgress",
+    "prepare_model",
+    "served_model",
+    "zero_adapter_of",
+]
 
 log = structlog.get_logger("runtime.bootstrap")
 
@@ -141,6 +147,20 @@ async def prepare_model(
     summary = await behaviour_clone_process(config, paths, on_step=progress.bc_step)
     log.info("bootstrap.bc_done", **summary)
     return str(paths.bc)
+
+
+def served_model(config: Config) -> str:
+    """What a daemon that does not train serves: `policy.model`, or the first run's BC model."""
+    return config.policy.model or str(BootstrapPaths(config.daemon.data_dir).bc)
+
+
+async def zero_adapter_of(config: Config, model: str) -> Path:
+    """v0 of `model` (`learner.lora.zero_adapter`, made once under `<data_dir>/adapters`):
+    how the model itself is served, since every request names an adapter."""
+    from learner.lora import zero_adapter
+
+    folder = Path(config.daemon.data_dir) / "adapters"
+    return await anyio.to_thread.run_sync(zero_adapter, model, folder, config.learner)
 
 
 async def behaviour_clone_process(

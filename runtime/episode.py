@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
+from policy.profile import unsettled
 from policy.prompt import SYSTEM_PROMPT, build_messages, system_prompt
 from runtime.actions import format_action, parse_completion, thought_of
 from runtime.base.config import Config, ObservationConfig
@@ -86,10 +87,14 @@ class EpisodeSettings:
 
     @classmethod
     def from_config(cls, config: Config, *, max_turns: int | None = None) -> EpisodeSettings:
-        """The settings of `config`, its "auto" choices settled for `policy.model`."""
-        from runtime.modelinit import resolve_profile
-
-        config = resolve_profile(config)
+        """The settings of `config`, whose "auto" choices the entry point has settled
+        (`policy.profile.settle_auto`); one left "auto" is a ValueError naming it."""
+        left = [name for name in unsettled(config) if name != "bc.prompt_loss"]
+        if left:
+            raise ValueError(
+                f"{', '.join(left)} still 'auto': settle the config for its model first "
+                "(policy.profile.settle_auto)"
+            )
         s = config.scheduler
         return cls(
             max_turns=max_turns or s.max_turns,

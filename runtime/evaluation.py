@@ -24,7 +24,10 @@ is reported beside the table.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -38,10 +41,11 @@ import structlog
 from runtime.actions import format_action
 from runtime.base.config import Config
 from runtime.base.files import write_atomic
-from runtime.base.messages import TaskConfig, Trajectory, TrajectoryGroup
+from runtime.base.messages import EvalFinished, Event, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.observation import TokenCounter, estimate_tokens
+from runtime.policystack import PolicyStack
 from runtime.protocols import Policy
 from runtime.store import TrajectoryStore
 from runtime.task_runs import run_tasks
@@ -277,6 +281,76 @@ async def run_evaluation(
         out_dir=str(out),
     )
     return report
+
+
+class PeriodicEvaluations:
+    """A training run's evaluations: the test and ood splits' fixed, seeded subsets of
+    `daemon.eval_episodes` tasks at `daemon.eval_temperature`, each time `want(updates)` is
+    called (at most one waits: a call while one is pending is dropped). Each split ends in
+    an `EvalFinished` record; its files go to `<run_dir>/eval/u<updates>-<split>/`."""
+
+    def __init__(self, config: Config, run_dir: Path, record: Callable[[Event], None]) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self._record = record
+        self._wanted, self._requests = anyio.create_memory_object_stream[int](1)
+
+    def want(self, updates: int) -> None:
+        with contextlib.suppress(anyio.WouldBlock):  # one is pending already
+            self._wanted.send_nowait(updates)
+
+    async def run(self, environment: Environment, pool: BrowserPool, stack: PolicyStack) -> None:
+        config = self.config
+        # A quarter of the rollouts' episodes: evaluations share the policy's request slots
+        # with the training rollouts and must not starve them.
+        concurrency = max(1, config.scheduler.max_episodes_in_flight // 4)
+        sampling = msgspec.structs.replace(
+            stack.policy.sampling, temperature=config.daemon.eval_temperature
+        )
+        policy = stack.policy.with_sampling(sampling)
+        async with self._requests:
+            async for updates in self._requests:
+                current = stack.adapters.current
+                version = current.version if current is not None else 0
+                for split in ("test", "ood"):
+                    try:
+                        tasks = eval_tasks(
+                            environment, split, config.daemon.eval_episodes, config.scheduler.seed
+                        )
+                    except KeyError:
+                        continue
+                    report = await run_evaluation(
+                        config,
+                        environment,
+                        policy,
+                        tasks,
+                        out_dir=self.run_dir / "eval" / f"u{updates:05d}-{split}",
+                        concurrency=concurrency,
+                        title=f"{split} after {updates} updates (v{version})",
+                        pool=pool,
+                        count_tokens=stack.renderer.count_tokens,
+                    )
+                    self._record(
+                        EvalFinished(
+                            at=time.time(),
+                            split=split,
+                            version=version,
+                            episodes=report.episodes,
+                            success=report.success_rate,
+                            by_site={
+                                title: cell.rate
+                                for title, cell in report.table.items()
+                                if cell.episodes
+                            },
+                        )
+                    )
+
+
+def eval_tasks(environment: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:
+    """A fixed, seeded subset of a split: the same tasks at every evaluation."""
+    order = list(environment.tasks(split))
+    random.Random(f"eval:{seed}:{split}").shuffle(order)
+    return order[: min(len(order), max(1, episodes))]
 
 
 def _fresh_dir(out: Path, partial: Path) -> None:

@@ -2,7 +2,8 @@
 
 Every `Event` the daemon sees goes through `MetricsBook.record`: it is appended to
 `metrics.jsonl` in the run directory and folded into counters and gauges. The learning
-curve PNG is redrawn from that file, so it can also be drawn after the fact.
+curve PNG is redrawn from that file, so it can also be drawn after the fact; while a run
+lasts, `CurvePlotter` redraws it after updates and evaluations, at most every 10 s.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
+
+import anyio
+import structlog
 
 from runtime.base.messages import (
     AdapterPublished,
@@ -30,7 +34,9 @@ from runtime.base.messages import (
 from runtime.scheduler import SchedulerStatistics
 from runtime.supervisor import ServerState
 
-__all__ = ["MetricsBook", "plot_learning_curve", "read_events"]
+__all__ = ["CurvePlotter", "MetricsBook", "plot_learning_curve", "read_events"]
+
+log = structlog.get_logger("runtime.metrics")
 
 
 class MetricsBook:
@@ -188,6 +194,34 @@ def read_events(path: Path) -> list[Event]:
                 break
             raise
     return events
+
+
+class CurvePlotter:
+    """Redraws `<run_dir>/learning_curve.png` from `metrics.jsonl` when wanted, at most
+    once every `every_s` (matplotlib costs ~0.3 s a figure); a failed drawing is logged,
+    never a reason to stop training."""
+
+    def __init__(self, run_dir: Path, *, every_s: float = 10.0) -> None:
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.png_path = run_dir / "learning_curve.png"
+        self.every_s = every_s
+        self._wanted = anyio.Event()
+
+    def want(self) -> None:
+        self._wanted.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted = anyio.Event()
+            await self.draw()
+            await anyio.sleep(self.every_s)
+
+    async def draw(self) -> None:
+        try:
+            await anyio.to_thread.run_sync(plot_learning_curve, self.metrics_path, self.png_path)
+        except Exception as exc:
+            log.warning("daemon.plot_failed", error=repr(exc))
 
 
 def plot_learning_curve(metrics_path: Path, png_path: Path) -> None:

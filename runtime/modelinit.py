@@ -1,16 +1,10 @@
-"""Making the test suite's tiny model (the corpus its tokenizer is trained on), and the
-model profile that settles "auto" settings.
+"""Making the test suite's tiny model (the corpus its tokenizer is trained on).
 
 The policy layer makes the model from texts (`policy.tiny.make_tiny_model`) and must not
 know about sites; this module composes the texts: the policy's own (system prompt, DSL
 completions in ChatML), the built-in suite's train intents, and the built-in sites' pages
 as a logged-in visitor sees them (crawled in-process through ASGI from the front pages
 and the train tasks' start pages: no browser, no sockets). Deterministic for a seed.
-
-`resolve_profile` settles the configuration's "auto" observation style and system prompt
-against the model that will read them: the one its manifest records (`policy.profile`;
-the embedded default's when there is no `policy.model`), else WebAgent-R1's (html,
-full). `EpisodeSettings.from_config`, where both are read, resolves them.
 """
 
 from __future__ import annotations
@@ -22,9 +16,7 @@ from urllib.parse import urldefrag, urlsplit
 
 import anyio
 import httpx
-import msgspec
 
-from policy.profile import SMOLLM2_PROFILE
 from policy.tiny import (
     TINY_RECIPE,
     TinyModelInfo,
@@ -32,12 +24,11 @@ from policy.tiny import (
     TokenizerRecipe,
     base_corpus,
     make_tiny_model,
-    model_profile,
 )
-from runtime.base.config import Config, SitesConfig
+from runtime.base.config import SitesConfig
 from sites.builtin import SITE_NAMES, TENANT_COOKIE, BuiltinSites, generate_suite
 
-__all__ = ["gather_corpus", "init_tiny_model", "resolve_profile", "site_pages", "task_intents"]
+__all__ = ["gather_corpus", "init_tiny_model", "site_pages", "task_intents"]
 
 _HREF = re.compile(r"""href="([^"#]*)""")
 _DROP = re.compile(r"<(script|style)\b.*?</\1>", re.DOTALL | re.IGNORECASE)
@@ -123,17 +114,3 @@ async def init_tiny_model(
         return make_tiny_model(out, texts, spec=spec, recipe=recipe, seed=seed, overwrite=overwrite)
 
     return await anyio.to_thread.run_sync(make)
-
-
-def resolve_profile(config: Config, model: str | None = None) -> Config:
-    """`config` with "auto" observation style and system prompt made concrete for `model`
-    (default: `policy.model`; empty means the embedded default, SmolLM2-135M-Instruct)."""
-    name = config.policy.model if model is None else model
-    profile = model_profile(name) if name else SMOLLM2_PROFILE
-    observation = config.observation
-    if observation.style == "auto":
-        observation = msgspec.structs.replace(observation, style=profile.observation_style)
-    policy = config.policy
-    if policy.system_prompt == "auto":
-        policy = msgspec.structs.replace(policy, system_prompt=profile.system_prompt)
-    return msgspec.structs.replace(config, observation=observation, policy=policy)

@@ -226,7 +226,7 @@ class _Writer:
         if config.style == "auto":
             raise ValueError(
                 'observation.style "auto" is settled against the model before episodes run '
-                "(runtime.modelinit.resolve_profile)"
+                "(policy.profile.settle_auto)"
             )
         self.config = config
         self.compact = config.style == "compact"

@@ -3,8 +3,8 @@ and under TYPE_CHECKING count):
 
 - the floor (`runtime/base/`) imports nothing of the project outside itself;
 - `policy`, `learner` and `sites` take only the floor from `runtime`;
-- `learner` is imported only by the composition root (the daemon, the API, the first-run
-  bootstrap, the CLI) and by itself;
+- `learner` is imported only by the composition root (the daemon and the training run it
+  wires, the API, the first-run bootstrap, the CLI) and by itself;
 - no two files import each other, directly or through others.
 """
 
@@ -19,7 +19,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("runtime", "policy", "learner", "sites")
 FLOOR = "runtime.base"
-COMPOSITION_ROOT = ("runtime.daemon", "runtime.api", "runtime.bootstrap", "runtime.cli")
+COMPOSITION_ROOT = (
+    "runtime.daemon",
+    "runtime.training",
+    "runtime.api",
+    "runtime.bootstrap",
+    "runtime.cli",
+)
 
 Graph = dict[str, set[str]]
 

@@ -60,8 +60,11 @@ def register(sub: Any) -> None:
 def _bc(args: argparse.Namespace) -> int:
     from learner.bc import BCProgress, behaviour_clone
     from learner.errors import DemonstrationError, LearnerError, TrainingError
+    from policy.profile import settle_auto
+    from policy.prompt import system_prompt
 
-    config = load_config(args.config)
+    # BC renders the turns as rollouts of its checkpoint will: settled for the base model.
+    config = settle_auto(load_config(args.config), args.base)
     bc = config.bc
     if args.max_steps is not None:
         if args.max_steps < 0:
@@ -84,6 +87,7 @@ def _bc(args: argparse.Namespace) -> int:
             lora=config.learner,
             heldout=args.heldout,
             keep_thoughts=config.scheduler.keep_thoughts,
+            system_prompt=system_prompt(config.policy.system_prompt),
             overwrite=args.overwrite,
             on_step=emit if args.json else None,
         )

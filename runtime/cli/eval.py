@@ -28,7 +28,9 @@ import anyio
 import httpx
 import msgspec
 
+from policy.adapters import read_manifest
 from policy.errors import PolicyError
+from policy.profile import settle_auto
 from runtime.base.config import Config, load_config
 from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
@@ -106,7 +108,15 @@ def _checked(args: argparse.Namespace) -> Config:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)
         )
-    return config
+    # Pages and prompt as the evaluated model reads them: an adapter's base when
+    # policy.model is empty.
+    model = config.policy.model
+    if not model and args.policy not in ("oracle", "model"):
+        try:
+            model = read_manifest(args.policy).base_model
+        except PolicyError as exc:
+            raise UsageError(f"--policy {args.policy}: {exc}") from exc
+    return settle_auto(config, model)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -250,11 +260,8 @@ async def _policy(config: Config, name: str) -> AsyncIterator[tuple[Policy, Toke
     if name == "model":  # the model itself: served through v0, an adapter of zeros
         if not config.policy.model:
             raise UsageError("--policy model serves policy.model, which is empty: set it")
-        from learner.lora import zero_adapter
+        from runtime.bootstrap import zero_adapter_of
 
-        adapter = await anyio.to_thread.run_sync(
-            zero_adapter, config.policy.model, Path(config.daemon.data_dir) / "adapters",
-            config.learner,
-        )  # fmt: skip
+        adapter = await zero_adapter_of(config, config.policy.model)
     async with policy_stack(config, adapter=adapter, prefix=prefix) as stack:
         yield stack.policy, stack.renderer.count_tokens

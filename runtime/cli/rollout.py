@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from policy.profile import settle_auto
 from runtime.base.config import Config, load_config
 from runtime.base.messages import TrajectoryGroup
 from runtime.episode import EpisodeSettings
@@ -89,7 +90,7 @@ def checked_config(args: argparse.Namespace) -> Config:
         config = msgspec.structs.replace(
             config, sites=msgspec.structs.replace(config.sites, seed=args.seed)
         )
-    return config
+    return settle_auto(config)  # pages and prompt as `policy.model` reads them
 
 
 async def run_split(

@@ -270,6 +270,7 @@ def command_bc(
     import torch
 
     from learner.bc import behaviour_clone
+    from policy.profile import TINY_PROMPT_LOSS
     from runtime.base.config import BCConfig
 
     out = tmp_path_factory.mktemp("command-bc") / "bc"
@@ -282,6 +283,7 @@ def command_bc(
         eval_every_steps=100,
         heldout_fraction=0.25,
         eval_examples=64,
+        prompt_loss=TINY_PROMPT_LOSS,  # what settle_auto gives a tiny model
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -20,6 +20,7 @@ from learner.bc import (
     split_heldout,
 )
 from learner.errors import DemonstrationError
+from policy.profile import TINY_PROMPT_LOSS
 from policy.prompt import PromptRenderer
 from runtime.base.config import BCConfig, LearnerConfig
 from runtime.base.messages import encode
@@ -192,13 +193,15 @@ def test_bc_needs_a_bound_and_a_free_target(
             command_task.demos(1, 1.0, 0),
             base_model=command_model_dir,
             out=tmp_path / "x",
-            config=BCConfig(max_steps=0, max_minutes=0),
+            config=BCConfig(max_steps=0, max_minutes=0, prompt_loss=TINY_PROMPT_LOSS),
+            system_prompt=command_task.SYSTEM,
         )
     (tmp_path / "taken").mkdir()
     with pytest.raises(LearnerError, match="exists"):
         behaviour_clone(
-            command_task.demos(1, 1.0, 0), base_model=command_model_dir, out=tmp_path / "taken"
-        )
+            command_task.demos(1, 1.0, 0), base_model=command_model_dir, out=tmp_path / "taken",
+            config=BCConfig(prompt_loss=TINY_PROMPT_LOSS), system_prompt=command_task.SYSTEM,
+        )  # fmt: skip
 
 
 def test_a_stop_request_abandons_bc_and_writes_nothing(
@@ -217,7 +220,10 @@ def test_a_stop_request_abandons_bc_and_writes_nothing(
             command_task.demos(4, 1.0, 0),
             base_model=command_model_dir,
             out=tmp_path / "bc",
-            config=BCConfig(max_steps=50, batch_size=4, eval_every_steps=100),
+            config=BCConfig(
+                max_steps=50, batch_size=4, eval_every_steps=100, prompt_loss=TINY_PROMPT_LOSS
+            ),
+            system_prompt=command_task.SYSTEM,
             should_stop=should_stop,
         )
     assert not (tmp_path / "bc").exists()
@@ -240,7 +246,8 @@ def test_each_step_reports_its_progress(
         base_model=command_model_dir,
         out=tmp_path / "bc",
         config=BCConfig(max_steps=4, max_minutes=0, batch_size=4, eval_every_steps=2,
-                        eval_examples=4),
+                        eval_examples=4, prompt_loss=TINY_PROMPT_LOSS),
+        system_prompt=command_task.SYSTEM,
         on_step=seen.append,
     )  # fmt: skip
     assert [p.step for p in seen] == [1, 2, 3, 4]
@@ -301,7 +308,7 @@ def test_stops_at_held_out_targets_and_lora_mode_merges(
     demos = command_task.demos(4, 1.0, seed=3)
     small = BCConfig(
         max_steps=50, eval_every_steps=2, batch_size=4, warmup_steps=1, eval_examples=4,
-        heldout_fraction=0.25,
+        heldout_fraction=0.25, prompt_loss=TINY_PROMPT_LOSS,
     )  # fmt: skip
     seen: list[Any] = []
 
@@ -357,7 +364,7 @@ def test_a_snapshot_is_the_model_as_it_was_at_its_minute(
 
     config = BCConfig(
         max_steps=3, max_minutes=0, batch_size=4, warmup_steps=1, eval_examples=4,
-        eval_every_steps=100, mode="lora", snapshot_minutes=(1e-9,),
+        eval_every_steps=100, mode="lora", snapshot_minutes=(1e-9,), prompt_loss=TINY_PROMPT_LOSS,
     )  # fmt: skip
     report = behaviour_clone(
         command_task.demos(4, 1.0, seed=3),
@@ -445,32 +452,27 @@ def test_prompt_loss_teaches_the_pages_too(
     assert ends[1.0] - start > 2 * (ends[0.0] - start) > 0, (start, ends)
 
 
-def test_prompt_loss_auto_is_for_tiny_models_only(
+def test_an_unsettled_prompt_loss_is_refused(
     tmp_path: Path, command_task: Any, command_model_dir: Path
 ) -> None:
-    """ "auto": the tiny weight for a model with `tiny_model.json`, 0 for any other."""
-    from learner.bc import TINY_PROMPT_LOSS
+    """BC reads a settled config: "auto" is the entry point's to decide (policy.profile)."""
+    from learner.errors import LearnerError
 
-    other = tmp_path / "other"
-    shutil.copytree(command_model_dir, other)
-    (other / "tiny_model.json").unlink()
     config = BCConfig(max_steps=1, batch_size=2, warmup_steps=1, eval_every_steps=100)
     assert config.prompt_loss == "auto"
-    reports = {
-        name: behaviour_clone(
+    with pytest.raises(LearnerError, match=r"bc\.prompt_loss is 'auto'.*settle_auto"):
+        behaviour_clone(
             command_task.demos(1, 1.0, seed=1),
-            base_model=base,
-            out=tmp_path / f"bc-{name}",
+            base_model=command_model_dir,
+            out=tmp_path / "bc",
             config=config,
             system_prompt=command_task.SYSTEM,
         )
-        for name, base in (("tiny", command_model_dir), ("other", other))
-    }
-    assert reports["tiny"].prompt_loss == TINY_PROMPT_LOSS > 0
-    assert reports["other"].prompt_loss == 0.0
+    assert not (tmp_path / "bc").exists()
 
 
-def test_the_first_run_trains_bc_in_a_process_of_its_own(
+@pytest.mark.anyio
+async def test_the_first_run_trains_bc_in_a_process_of_its_own(
     tmp_path: Path, command_task: Any, command_model_dir: Path
 ) -> None:
     """runtime.bootstrap runs `webagent bc --json` as a child (on TCMalloc when installed):
@@ -495,10 +497,7 @@ def test_the_first_run_trains_bc_in_a_process_of_its_own(
         endpoint=EndpointConfig(token=secret),
     )
     seen: list[Any] = []
-    summary = anyio.run(
-        lambda: behaviour_clone_process(config, paths, on_step=seen.append),
-        backend="asyncio",
-    )
+    summary = await behaviour_clone_process(config, paths, on_step=seen.append)
     assert [p.step for p in seen] == [1, 2, 3]
     assert summary["steps"] == 3 and summary["stop_reason"] == "max_steps"
     assert (paths.bc / "model.safetensors").is_file() and (paths.bc / "bc.json").is_file()
@@ -508,23 +507,20 @@ def test_the_first_run_trains_bc_in_a_process_of_its_own(
     shutil.rmtree(paths.bc)
     paths.demos.write_text("nonsense\n")
     with pytest.raises(TrainingError, match=r"code 2[\s\S]*train.jsonl:1"):
-        anyio.run(lambda: behaviour_clone_process(config, paths, on_step=seen.append))
+        await behaviour_clone_process(config, paths, on_step=seen.append)
     assert not paths.bc.exists()
 
     write_store(paths.demos, command_task.demos(4, 1.0, seed=2))
     slow = msgspec.structs.replace(config, bc=msgspec.structs.replace(small, max_steps=10_000))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
 
-    async def cancel_after_two_steps() -> None:
-        async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as tg:
 
-            def step(progress: Any) -> None:
-                if progress.step == 2:
-                    tg.cancel_scope.cancel()
+        def step(progress: Any) -> None:
+            if progress.step == 2:
+                tg.cancel_scope.cancel()
 
-            tg.start_soon(lambda: behaviour_clone_process(slow, paths, on_step=step))
-
-    anyio.run(cancel_after_two_steps, backend="asyncio")
+        tg.start_soon(lambda: behaviour_clone_process(slow, paths, on_step=step))
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     assert not paths.bc.exists()
     assert not [p for p in paths.bc.parent.iterdir() if p.name.startswith(".")]

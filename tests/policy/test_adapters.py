@@ -8,16 +8,19 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 import msgspec
 import pytest
+import structlog.testing
 
 from policy.adapters import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
     AdapterManager,
+    publish_new_folders,
     read_manifest,
     weights_sha256,
 )
@@ -287,3 +290,57 @@ async def test_with_sampling_changes_only_the_sampling(tmp_path: Path, tiny_mode
         assert (greedy.statistics().completed, sampled.statistics().completed) == (1, 1)
         async with greedy._limiter:  # one set of concurrency slots for both
             assert sampled.statistics().in_flight == 1
+
+
+@pytest.mark.anyio
+async def test_hot_reload_publishes_each_new_folder_and_refuses_a_bad_one(
+    tmp_path: Path,
+) -> None:
+    """`daemon.watch_adapters`: a folder whose manifest appears is served (the file
+    watcher is real), written in place or moved in whole; one whose weights do not match
+    its manifest is refused and logged, and the watch goes on to the next."""
+    api = _FakeAdapterApi()
+    watched = tmp_path / "incoming"
+
+    def refused(logs: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in logs
+            if e["event"] == "daemon.hot_reload_refused" and e["path"] == str(folder)
+        ]
+
+    async with _manager(api, window=2) as manager, anyio.create_task_group() as tg:
+
+        async def served(version: int) -> None:
+            with anyio.fail_after(20):
+                while manager.current is None or manager.current.version != version:  # noqa: ASYNC110 - polled as /status would
+                    await anyio.sleep(0.05)
+
+        with structlog.testing.capture_logs() as logs:
+            tg.start_soon(publish_new_folders, manager, watched)
+            # The watcher is up once a probe folder's (empty) manifest is refused.
+            probe = watched / "probe"
+            with anyio.fail_after(30):
+                while not refused(logs, probe):
+                    if watched.is_dir():
+                        probe.mkdir(exist_ok=True)
+                        (probe / MANIFEST_FILE).write_text("")
+                    await anyio.sleep(0.5)
+            _adapter(watched, 1)
+            await served(1)
+            bad = watched / "v2"  # its manifest names other weights (a half-copied folder)
+            bad.mkdir()
+            (bad / WEIGHTS_FILE).write_bytes(b"half of the weights")
+            (bad / "adapter_config.json").write_text(json.dumps({"r": 8}))
+            manifest = (watched / "v1" / MANIFEST_FILE).read_bytes()
+            (bad / MANIFEST_FILE).write_bytes(manifest.replace(b"@v1", b"@v2"))
+            with anyio.fail_after(20):
+                while not refused(logs, bad):  # noqa: ASYNC110 - a log line, no event
+                    await anyio.sleep(0.05)
+            assert "sha256" in refused(logs, bad)[0]["error"]
+            # Moved in whole (one event, for the folder), as `mv` into the folder does.
+            (_adapter(tmp_path / "staging", 3)).rename(watched / "v3")
+            await served(3)
+        tg.cancel_scope.cancel()
+    assert "load policy@v1" in api.calls and "load policy@v3" in api.calls
+    assert "load policy@v2" not in api.calls

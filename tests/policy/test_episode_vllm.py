@@ -13,9 +13,10 @@ import pytest
 
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
+from policy.profile import settle_auto
 from policy.prompt import PromptRenderer, build_messages
 from policy.server import VLLMServer
-from runtime.base.config import BrowserConfig, Config, ObservationConfig, SitesConfig
+from runtime.base.config import BrowserConfig, Config, ObservationConfig, PolicyConfig, SitesConfig
 from runtime.browser import BrowserPool
 from runtime.environment import serve_builtin_environment
 from runtime.episode import EpisodeSettings
@@ -29,7 +30,7 @@ async def test_episode_driven_by_the_tiny_model_records_exact_ids(
 ) -> None:
     renderer = PromptRenderer.from_model(tiny_model)
     prefix = f"e{uuid.uuid4().hex[:8]}"
-    config = Config()
+    config = settle_auto(Config(policy=PolicyConfig(model=str(tiny_model))))
     config = msgspec.structs.replace(
         config,
         observation=ObservationConfig(style="html", max_tokens=600),

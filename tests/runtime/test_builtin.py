@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from policy.profile import settle_auto
 from runtime.base.config import BrowserConfig, Config, ObservationConfig, SitesConfig
 from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
@@ -15,7 +16,7 @@ from runtime.oracle import OraclePolicy
 from runtime.task_runs import run_tasks
 
 # The oracle reads WebArena-style HTML here (the default for a model made elsewhere).
-HTML = msgspec.structs.replace(Config(), observation=ObservationConfig(style="html"))
+HTML = settle_auto(msgspec.structs.replace(Config(), observation=ObservationConfig(style="html")))
 
 pytestmark = [pytest.mark.anyio, pytest.mark.browser]
 

@@ -68,8 +68,12 @@ def _log_lines(log: Path, event: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Task folder + BC model: the two one-step SKU tasks of the built-in suite."""
+    import msgspec
+
     from learner.bc import behaviour_clone
-    from runtime.base.config import BCConfig
+    from policy.profile import settle_auto
+    from policy.prompt import system_prompt
+    from runtime.base.config import load_config
     from runtime.base.messages import encode_tasks
     from sites.builtin import generate_suite, plan_for
 
@@ -91,6 +95,8 @@ def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     )
     assert done.returncode == 0, (root / "demos.log").read_text()[-2000:]
     bc = root / "bc"
+    # As `webagent bc` does: the turns as the daemon will render them for this model.
+    settled = settle_auto(load_config(str(root / "base.toml")), tiny_model)
     report = behaviour_clone(
         demos,
         base_model=tiny_model,
@@ -100,8 +106,11 @@ def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # steps, loss ~4), the policy sampled at temperature 1 almost never copied the SKU, its
         # groups had no mixed rewards and the train test stalled with no update (twice in a
         # clean clone). At 40-50 steps (loss 1-2.5) 8-44% of sampled episodes succeeded.
-        config=BCConfig(max_steps=60, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
-                        warmup_steps=5, eval_every_steps=20, torch_threads=1),
+        config=msgspec.structs.replace(
+            settled.bc, max_steps=60, max_minutes=5.0, batch_size=4, learning_rate=3e-3,
+            warmup_steps=5, eval_every_steps=20, torch_threads=1,
+        ),
+        system_prompt=system_prompt(settled.policy.system_prompt),
     )  # fmt: skip
     assert report.heldout_whole_accuracy == 1.0, report
     yield root

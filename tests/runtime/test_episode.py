@@ -269,11 +269,12 @@ async def test_an_unevaluated_run_reports_turns_as_they_happen(pool: BrowserPool
 
 
 def test_observation_settings_come_from_the_config() -> None:
-    from runtime.base.config import Config, SchedulerConfig
+    from runtime.base.config import Config, PolicyConfig, SchedulerConfig
 
     config = Config(
         scheduler=SchedulerConfig(max_turns=7, keep_thoughts=False),
         observation=ObservationConfig(style="compact"),
+        policy=PolicyConfig(system_prompt="full"),
     )
     settings = EpisodeSettings.from_config(config, max_turns=3)
     assert settings.max_turns == 3

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
+from policy.profile import settle_auto
 from runtime.base.config import (
     BrowserConfig,
     Config,
@@ -34,7 +35,7 @@ from sites.pool import HttpResetter, Instance, InstancePool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.browser]
 
-CONFIG = Config(browser=BrowserConfig(action_timeout_s=5.0, max_contexts=8))
+CONFIG = settle_auto(Config(browser=BrowserConfig(action_timeout_s=5.0, max_contexts=8)))
 
 
 class DoNothing:

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 from playwright.async_api import BrowserContext
 
+from policy.profile import settle_auto
 from runtime.base.config import BrowserConfig, Config
 from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
@@ -137,7 +138,7 @@ async def test_run_evaluation_on_webarena_records_the_instance_policy(
         made = await env.prepare([writer, reader])
         assert made == {"wa-0": ["reddit_state.json"], "wa-1": ["reddit_state.json"]}
         report = await run_evaluation(
-            Config(browser=BrowserConfig(action_timeout_s=5.0)),
+            settle_auto(Config(browser=BrowserConfig(action_timeout_s=5.0))),
             env,
             OraclePolicy(),
             [writer, reader],

@@ -1,0 +1,186 @@
+"""Online training, once the policy is served: rollouts, the store, the learner.
+
+    scheduler ── groups ──> pump ──> store (fsync) ──> learner (worker thread)
+        ^                                                  │ publish (through the supervisor)
+        └── held while the server is down, or (max_staleness 0) while an update runs
+
+`Training` is what the daemon starts when it trains. `start` makes the learner resume and
+publish its version, then starts the scheduler and the pump; every finished group is
+stored (fsynced) before the learner sees it, and a group stored but never journaled (a
+kill between the two) is handed to the learner first. `drain` lets groups in flight
+finish (or records them interrupted after the timeout); `done` is set once the learner's
+loop has returned, that is, once every drained group is journaled.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from learner.trainer import Learner
+from runtime.base.config import Config
+from runtime.base.messages import Event, TrajectoryGroup
+from runtime.browser import BrowserPool
+from runtime.environment import Environment
+from runtime.episode import EpisodeSettings
+from runtime.policystack import PolicyStack
+from runtime.rollout import Rollout
+from runtime.scheduler import Scheduler
+from runtime.store import TrajectoryStore, read_groups, unseen_groups
+from runtime.supervisor import ServerSupervisor
+
+__all__ = ["Training"]
+
+log = structlog.get_logger("runtime.training")
+
+
+class Training:
+    """The scheduler, the pump and the learner of one training run."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        model: str,
+        run_dir: Path,
+        stack: PolicyStack,
+        supervisor: ServerSupervisor,
+        stopping: anyio.Event,
+        record: Callable[[Event], None],
+    ) -> None:
+        self.config = config
+        self.store_path = run_dir / "trajectories.jsonl"
+        self.scheduler: Scheduler | None = None
+        self.done = anyio.Event()
+        self._stack = stack
+        self._supervisor = supervisor
+        self._stopping = stopping
+        self._record = record
+        self.learner = Learner(
+            config.learner,
+            base_model=model,
+            out_dir=run_dir / "learner",
+            publish=self._publish,
+            emit=self._emit,
+            read_groups=functools.partial(read_groups, self.store_path),
+            decode=stack.renderer.decode,
+            adapter_prefix=config.policy.adapter_prefix,
+            temperature=config.policy.temperature,
+            on_updating=self.hold_for_update if config.learner.max_staleness == 0 else None,
+        )
+
+    def hold(self) -> None:
+        """No update after the one in progress: groups from a drain are trained after a
+        restart."""
+        self.learner.hold()
+
+    def hold_for_policy(self, down: bool) -> None:
+        """No new turns while the policy server is down (they would fail for want of it)."""
+        if self.scheduler is not None:
+            self.scheduler.hold_for_policy(down)
+
+    def hold_for_update(self, updating: bool) -> None:
+        """`max_staleness` 0: no new turns while the learner updates (a group with a turn
+        of the version being replaced is stale once the update is published)."""
+        if self.scheduler is not None:
+            self.scheduler.hold_for_update(updating)
+
+    async def start(self, tg: TaskGroup, environment: Environment, pool: BrowserPool) -> None:
+        """Resume the learner (which publishes its version), then start rollouts."""
+        config = self.config
+        if self._stopping.is_set():  # a stop that came during start-up holds it too
+            self.hold()
+        # Opened first: a torn last line (a kill mid-append) is cut before anything reads.
+        store = TrajectoryStore(self.store_path)
+        groups_send, groups_recv = anyio.create_memory_object_stream[TrajectoryGroup](
+            config.scheduler.stream_buffer
+        )
+        try:
+            learn_send, learn_recv = anyio.create_memory_object_stream[TrajectoryGroup](0)
+            version = await tg.start(self._learn, learn_recv)
+            log.info("daemon.learner_ready", version=version)
+            rollout = Rollout(
+                environment=environment,
+                pool=pool,
+                policy=self._stack.policy,
+                settings=EpisodeSettings.from_config(config),
+                max_episodes=config.scheduler.max_episodes_in_flight,
+                count_tokens=self._stack.renderer.count_tokens,
+                on_event=self._record,
+            )
+            scheduler = Scheduler(
+                rollout=rollout,
+                tasks=environment.tasks(config.scheduler.split),
+                send=groups_send,
+                group_size=config.scheduler.group_size,
+                max_groups=config.scheduler.max_groups_in_flight,
+                split=config.scheduler.split,
+                seed=config.scheduler.seed + max(self.learner.version, 0),
+                curriculum=config.scheduler.curriculum,
+            )
+            if config.scheduler.curriculum == "signal":
+                await anyio.to_thread.run_sync(
+                    scheduler.curriculum.observe_store, self.store_path, config.scheduler.split
+                )
+            if config.learner.max_staleness == 0 and self.learner.statistics().updating:
+                scheduler.hold_for_update(True)  # released when that update is published
+            if not self._supervisor.is_up:
+                scheduler.hold_for_policy(True)  # released when the server is back
+            self.scheduler = scheduler
+            unjournaled = await anyio.to_thread.run_sync(
+                unseen_groups, self.store_path, self.learner.has_seen
+            )
+            if unjournaled:
+                log.warning("daemon.unjournaled_groups", groups=[g.group_id for g in unjournaled])
+        except BaseException:
+            store.close()
+            raise
+        tg.start_soon(scheduler.run)
+        tg.start_soon(self._pump, groups_recv, learn_send, store, unjournaled)
+
+    async def drain(self, timeout_s: float) -> None:
+        """No new groups; those in flight finish, or end `interrupted` after `timeout_s`."""
+        if self.scheduler is not None:
+            await self.scheduler.stop(timeout_s)
+
+    async def _learn(
+        self,
+        groups: MemoryObjectReceiveStream[TrajectoryGroup],
+        *,
+        task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await self.learner.run(groups, task_status=task_status)
+        finally:
+            self.done.set()
+
+    async def _publish(self, path: Path) -> None:
+        await self._supervisor.publish(path, stopping=self._stopping)
+
+    async def _emit(self, event: Event) -> None:
+        self._record(event)
+
+    async def _pump(
+        self,
+        groups: MemoryObjectReceiveStream[TrajectoryGroup],
+        learner: MemoryObjectSendStream[TrajectoryGroup],
+        store: TrajectoryStore,
+        unjournaled: list[TrajectoryGroup],
+    ) -> None:
+        """Every finished group: stored (fsynced) first, then handed to the learner;
+        `unjournaled` (stored already) goes to the learner before them."""
+        async with groups, learner:
+            try:
+                for group in unjournaled:
+                    await learner.send(group)
+                async for group in groups:
+                    await store.append_async(group)
+                    await learner.send(group)
+            finally:
+                store.close()
