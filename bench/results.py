@@ -1,12 +1,12 @@
-"""Write the README's "Results" section from the benchmarks' newest JSON files.
+"""Write the results page (docs/results.md) from the benchmarks' newest JSON files.
 
-    .venv/bin/python -m bench.results [--out bench/out] [--readme README.md] [--check]
+    .venv/bin/python -m bench.results [--out bench/out] [--page docs/results.md] [--check]
 
 For each benchmark (`{bench}-{YYYYmmdd-HHMMSS}.json` in `--out`) the newest file gives one
 table, the notes printed under it, the command that reproduces it, and the machine it ran
 on (CPU count and model, load average during the run). The text between the markers
-`<!-- results:start -->` and `<!-- results:end -->` in the README is replaced; nothing else
-is touched. A benchmark with no JSON in `--out` keeps its section as the README has it
+`<!-- results:start -->` and `<!-- results:end -->` in the page is replaced; nothing else
+is touched. A benchmark with no JSON in `--out` keeps its section as the page has it
 (results made on another machine stay until a new run replaces them). `--check` prints
 the section instead of writing it.
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import format_cell
+from runtime.base.files import write_atomic
 
 START = "<!-- results:start -->"
 END = "<!-- results:end -->"
@@ -158,7 +159,7 @@ def section(bench: str, record: Mapping[str, Any], source: str) -> str:
 
 
 def kept_sections(readme: str) -> dict[str, str]:
-    """The README's generated sections by benchmark name ("### name" up to the next)."""
+    """The page's generated sections by benchmark name ("### name" up to the next)."""
     start, end = readme.find(START), readme.find(END)
     if start < 0 or end < start:
         return {}
@@ -202,17 +203,17 @@ def replace_section(readme: str, block: str) -> str:
     """`readme` with the text between the markers replaced by `block`."""
     start, end = readme.find(START), readme.find(END)
     if start < 0 or end < 0 or end < start:
-        raise ValueError(f"the README needs the markers {START} and {END}, in that order")
+        raise ValueError(f"the page needs the markers {START} and {END}, in that order")
     return readme[: start + len(START)] + "\n" + block.strip("\n") + "\n" + readme[end:]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/out", help="folder of the benchmarks' JSON")
-    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("--page", default="docs/results.md", help="the Markdown file to update")
     parser.add_argument("--check", action="store_true", help="print the section, write nothing")
     args = parser.parse_args(argv)
-    readme = Path(args.readme)
+    readme = Path(args.page)
     current = readme.read_text("utf-8") if readme.is_file() else ""
     block = render(Path(args.out), kept_sections(current))
     if args.check:
@@ -223,9 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{readme}: {exc}", file=sys.stderr)
         return 2
-    tmp = readme.with_name(readme.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(readme)
+    write_atomic(readme, text.encode())
     print(f"wrote the results of {len(newest(Path(args.out)))} benchmarks into {readme}")
     return 0
 

@@ -1,4 +1,4 @@
-"""bench/results.py: newest record per benchmark, the markdown, the README markers."""
+"""bench/results.py: newest record per benchmark, the markdown, the results page's markers."""
 
 from __future__ import annotations
 
@@ -88,18 +88,18 @@ def test_replace_section_touches_only_the_markers(tmp_path: Path) -> None:
         results.replace_section("# no markers\n", "x")
 
 
-def test_main_writes_the_readme(tmp_path: Path) -> None:
+def test_main_writes_the_page(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     _record(out, "learner-20260101-120000.json", [["update", 1.5]])
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:start -->\n<!-- results:end -->\ntail\n")
-    assert results.main(["--out", str(out), "--readme", str(readme)]) == 0
+    assert results.main(["--out", str(out), "--page", str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n<!-- results:start -->\n") and text.endswith("tail\n")
     assert "### learner" in text and "| update | 1.50 |" in text
     (tmp_path / "bad.md").write_text("no markers")
-    assert results.main(["--out", str(out), "--readme", str(tmp_path / "bad.md")]) == 2
+    assert results.main(["--out", str(out), "--page", str(tmp_path / "bad.md")]) == 2
 
 
 def test_main_keeps_the_sections_it_has_no_json_for(tmp_path: Path) -> None:
@@ -112,11 +112,11 @@ def test_main_keeps_the_sections_it_has_no_json_for(tmp_path: Path) -> None:
     )
     _record(out, "learner-20260101-120000.json", [["update", 1.5]])
     _record(out, "pipeline-20260101-120000.json", [["async", 2.0]])
-    assert results.main(["--out", str(out), "--readme", str(readme)]) == 0
+    assert results.main(["--out", str(out), "--page", str(readme)]) == 0
     text = readme.read_text()
     assert "rollout from elsewhere" in text and "old learner table" not in text
     assert "| update | 1.50 |" in text and "| async | 2.00 |" in text
     assert text.index("### rollout") < text.index("### learner") < text.index("### pipeline")
     assert text.endswith("<!-- results:end -->\ntail\n")
-    assert results.main(["--out", str(out), "--readme", str(readme)]) == 0
+    assert results.main(["--out", str(out), "--page", str(readme)]) == 0
     assert readme.read_text() == text  # idempotent
