@@ -312,7 +312,7 @@ class Daemon:
         )
         tg.start_soon(evaluations.run, env, pool, stack)
         tg.start_soon(self._plotter.run)
-        if self.config.daemon.eval_every:
+        if self.config.daemon.eval_every and self.config.daemon.eval_at_start:
             evaluations.want(self._updates)  # the starting version's success, before any update
 
     async def _unless_stopped(self, making: Awaitable[str]) -> str:

@@ -432,6 +432,12 @@ class DaemonConfig(_Section, frozen=True):
     data_dir: str = ".webagent"
     eval_every: NonNegative = 5
     eval_episodes: Positive = 64
+    # Also evaluate the starting version before any update (with eval_every > 0). Off by
+    # default: on a 2-core CPU the first run's starting evaluation (64 test tasks, 8 at a
+    # time) lasted the whole 11.3 minutes of rollouts before the first update and took a
+    # third of vLLM's turns from them (bench.firstrun, 2026-12-03); `webagent eval --policy
+    # model` measures a starting model on its own.
+    eval_at_start: bool = False
     # Sampling temperature of those evaluations and of `webagent eval` (0: greedy; its
     # --temperature overrides); training rollouts keep policy.temperature.
     eval_temperature: NonNegativeFloat = 0.0
