@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from learner.trainer import Learner
 from runtime.base.config import Config
 from runtime.base.messages import Event, TrajectoryGroup
 from runtime.browser import BrowserPool
@@ -34,6 +34,9 @@ from runtime.rollout import Rollout
 from runtime.scheduler import Scheduler
 from runtime.store import TrajectoryStore, read_groups, unseen_groups
 from runtime.supervisor import ServerSupervisor
+
+if TYPE_CHECKING:
+    from learner.trainer import Learner
 
 __all__ = ["Training"]
 
@@ -62,7 +65,9 @@ class Training:
         self._supervisor = supervisor
         self._stopping = stopping
         self._record = record
-        self.learner = Learner(
+        from learner.trainer import Learner  # torch: loaded only where training runs
+
+        self.learner: Learner = Learner(
             config.learner,
             base_model=model,
             out_dir=run_dir / "learner",
