@@ -106,6 +106,7 @@ class Training:
         groups_send, groups_recv = anyio.create_memory_object_stream[TrajectoryGroup](
             config.scheduler.stream_buffer
         )
+        started = False
         try:
             learn_send, learn_recv = anyio.create_memory_object_stream[TrajectoryGroup](0)
             version = await tg.start(self._learn, learn_recv)
@@ -143,9 +144,10 @@ class Training:
             )
             if unjournaled:
                 log.warning("daemon.unjournaled_groups", groups=[g.group_id for g in unjournaled])
-        except BaseException:
-            store.close()
-            raise
+            started = True
+        finally:
+            if not started:  # start-up failed or was cancelled: nothing will append
+                store.close()
         tg.start_soon(scheduler.run)
         tg.start_soon(self._pump, groups_recv, learn_send, store, unjournaled)
 
