@@ -57,6 +57,7 @@ __all__ = [
     "Cell",
     "EpisodeResult",
     "EvalReport",
+    "PeriodicEvaluations",
     "TaskResult",
     "format_table",
     "render_report",
@@ -314,7 +315,7 @@ class PeriodicEvaluations:
                 version = current.version if current is not None else 0
                 for split in ("test", "ood"):
                     try:
-                        tasks = eval_tasks(
+                        tasks = _eval_tasks(
                             environment, split, config.daemon.eval_episodes, config.scheduler.seed
                         )
                     except KeyError:
@@ -346,7 +347,7 @@ class PeriodicEvaluations:
                     )
 
 
-def eval_tasks(environment: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:
+def _eval_tasks(environment: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:
     """A fixed, seeded subset of a split: the same tasks at every evaluation."""
     order = list(environment.tasks(split))
     random.Random(f"eval:{seed}:{split}").shuffle(order)
