@@ -15,6 +15,14 @@ One update (`Engine.update`):
    norm, AdamW step, lr schedule step;
 5. version += 1: save the adapter atomically, then the checkpoint (learner.checkpoint).
 
+Data parallelism (optional, `data_parallel`: a `learner.distributed.DataParallel`): every
+rank calls `update` with the same groups; each keeps its share of the micro-batches for
+steps 2-4, the LoRA gradients are summed across ranks before the clip (the loss being a
+token sum over the whole batch, that sum is the one-process gradient), so every rank takes
+the same step; the metric sums are summed too. Rank 0 alone writes adapters and
+checkpoints (and should alone publish); the ranks must resume the same state (one learner
+folder: one host or a shared file system), which `open` checks.
+
 Learning-rate schedule (per optimizer step): linear warm-up from lr/warmup to lr over
 `warmup_steps`, then constant, or cosine decay to 0 at `total_steps` (`schedule`).
 
@@ -37,7 +45,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner.batch import Decode, MicroBatch, build_samples, collate, micro_batches, policy_logprobs
 from learner.checkpoint import (
@@ -53,6 +61,9 @@ from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapt
 from learner.loss import group_advantages, mgrpo_loss
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from learner.distributed import DataParallel
 
 __all__ = [
     "Engine",
@@ -169,8 +180,11 @@ class Engine:
         adapter_prefix: str = "policy",
         decode: Decode | None = None,
         temperature: float = 1.0,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.config = config
+        self.data_parallel = data_parallel
+        self._writes = data_parallel is None or data_parallel.writes
         self.temperature = temperature
         self.base_model = str(base_model)
         self.out_dir = Path(out_dir)
@@ -205,9 +219,10 @@ class Engine:
                 f"{saved.path} was made on another base model ({saved.state.base_model}); "
                 f"refusing to resume on {self.base_model}"
             )
-        remove_orphan_adapters(
-            self.adapters_dir, None if saved is None else saved.state.version, self.prefix
-        )
+        if self._writes:
+            remove_orphan_adapters(
+                self.adapters_dir, None if saved is None else saved.state.version, self.prefix
+            )
         torch.manual_seed(self.config.seed)  # the LoRA init (A) and dropout draw from it
         base = AutoModelForCausalLM.from_pretrained(self.base_model, dtype=torch.float32)
         pad = base.config.pad_token_id
@@ -235,11 +250,18 @@ class Engine:
                 adapter_prefix=self.prefix,
                 created_at=time.time(),
             )
-            self._save_adapter()
-            self._checkpoint()
+            if self._writes:
+                self._save_adapter()
+                self._checkpoint()
         else:
             self._restore(saved)
         assert self.state is not None
+        dp = self.data_parallel
+        if dp is not None and not dp.agree([self.state.version, self.state.step]):
+            raise CheckpointError(
+                f"rank {dp.rank} opened v{self.state.version} (step {self.state.step}) "
+                f"from {self.checkpoints_dir}, not what every rank opened"
+            )
         return self.state
 
     def _autocast(self) -> AbstractContextManager[Any]:
@@ -269,7 +291,7 @@ class Engine:
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.state = saved.state
-        if not self.adapter_path(saved.state.version).is_dir():
+        if self._writes and not self.adapter_path(saved.state.version).is_dir():
             # Only possible if someone removed it: the adapter is saved before the checkpoint.
             self._save_adapter()
 
@@ -337,10 +359,10 @@ class Engine:
             for g in groups
         ]
         samples = build_samples(groups, advantages, mask_think=cfg.mask_think, decode=self.decode)
-        batches = [
-            collate(mb, pad_id=self._pad_id).to(self._device)
-            for mb in micro_batches(samples, cfg.micro_batch_tokens)
-        ]
+        cut = micro_batches(samples, cfg.micro_batch_tokens)
+        dp = self.data_parallel
+        mine = cut if dp is None else dp.share(cut)
+        batches = [collate(mb, pad_id=self._pad_id).to(self._device) for mb in mine]
         model = self._model
         old = self._old_logprobs(batches)
         ref = self._ref_logprobs(batches) if cfg.kl_beta > 0 else [None] * len(batches)
@@ -366,19 +388,23 @@ class Engine:
                 parts.loss.backward()  # type: ignore[no-untyped-call]
                 for key in sums:
                     sums[key] += float(getattr(parts, key).item())
+            if dp is not None:
+                dp.all_reduce_gradients(params)
             grad_norm += float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item())
             self._optimizer.step()
             self._scheduler.step()
         model.eval()
+        if dp is not None:
+            sums = dict(zip(sums, dp.all_reduce_sums(sums.values()), strict=True))
         steps = cfg.optimizer_steps
         metrics = {key: value / steps for key, value in sums.items()}
         rewards = [t.reward for g in groups for t in g.trajectories]
         metrics.update(
             grad_norm=grad_norm / steps,
             lr=float(self._scheduler.get_last_lr()[0]),
-            samples=float(sum(len(mb.advantages) for mb in batches)),
+            samples=float(sum(len(mb) for mb in cut)),
             tokens=float(sum(s.trained_tokens for s in samples if s.weight > 0)),
-            micro_batches=float(len(batches)),
+            micro_batches=float(len(cut)),
             reward_mean=sum(rewards) / max(1, len(rewards)),
             train_s=time.perf_counter() - started,
         )
@@ -404,8 +430,9 @@ class Engine:
         saving = time.perf_counter()
         path = self.adapter_path(version)
         try:
-            self._save_adapter()
-            self._checkpoint()
+            if self._writes:
+                self._save_adapter()
+                self._checkpoint()
         except Exception:
             # Nothing of this version is on record: forget it, and remove its adapter
             # (never published), so that the update can be made again.

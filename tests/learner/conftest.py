@@ -65,7 +65,7 @@ def _group(
     return TrajectoryGroup(group_id=group_id, task_id=1, trajectories=trajectories, created_at=0.0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_group() -> MakeGroup:
     """`make_group(seed, group_id=..., rewards=[...], ...)`: a group of random token ids."""
 
