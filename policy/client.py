@@ -16,14 +16,15 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import anyio
 import httpx
 import msgspec
 import structlog
 
-from policy.adapters import AdapterLease, AdapterManager
+from policy.adapters import AdapterLease
 from policy.errors import (
     BadRequestError,
     BadResponseError,
@@ -37,8 +38,10 @@ from runtime.base.config import PolicyConfig
 from runtime.base.messages import PolicyReply, PolicyRequest
 
 __all__ = [
+    "AdapterRouting",
     "Completion",
     "CompletionClient",
+    "CompletionServer",
     "PolicyStatistics",
     "SamplingParams",
     "VLLMPolicy",
@@ -308,14 +311,37 @@ class PolicyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     failed: int
 
 
+class CompletionServer(Protocol):
+    """Where `VLLMPolicy` sends completions: one `CompletionClient`, or a
+    `policy.replicas.ReplicaSet` of several servers that serve the same model."""
+
+    async def complete(
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        model: str,
+        sampling: SamplingParams = ...,
+        timeout_s: float | None = None,
+    ) -> Completion: ...
+
+
+class AdapterRouting(Protocol):
+    """Which adapter a request names: `AdapterManager` (this process publishes), or
+    `policy.follower.AdapterFollower` (another process does, as on Ray's rollout workers)."""
+
+    def lease(self, name: str | None = None) -> AbstractContextManager[AdapterLease]: ...
+
+    async def restore(self) -> list[str]: ...
+
+
 class VLLMPolicy:
     """The runtime's `Policy` backed by a vLLM server and the adapter manager."""
 
     def __init__(
         self,
-        client: CompletionClient,
+        client: CompletionServer,
         renderer: PromptRenderer,
-        adapters: AdapterManager,
+        adapters: AdapterRouting,
         *,
         sampling: SamplingParams = SamplingParams(),
         max_model_len: int = 4096,
