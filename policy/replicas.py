@@ -29,10 +29,12 @@ whole timeout. A timeout or a refused request is the request's failure, not the
 replica's: it is raised as it is.
 
 Rejoining. `watch()`, run in the owner's task group, calls `probe()` every
-`probe_interval_s`: a down replica whose `/health` answers gets every resident adapter
-loaded (and the set's unloaded ones unloaded), is verified with `/v1/models`, and only
-then takes requests again. The set's lock keeps loads, unloads, checks and rejoins apart,
-so a version published while a replica rejoins is on it before it takes requests.
+`probe_interval_s`: a live replica that no longer lists the resident adapters (it
+restarted between two calls) is taken out, and a down replica whose `/health` answers
+gets every resident adapter loaded (and the set's unloaded ones unloaded), is verified
+with `/v1/models`, and only then takes requests again. The set's lock keeps loads,
+unloads, checks and rejoins apart, so a version published while a replica rejoins is on
+it before it takes requests.
 """
 
 from __future__ import annotations
@@ -294,8 +296,25 @@ class ReplicaSet:
     # ------------------------------------------------------------------ rejoining
 
     async def probe(self) -> list[str]:
-        """Try once to bring back each down replica; returns the URLs that rejoined."""
+        """Check that each live replica still holds the resident adapters (one that
+        restarted between two of our calls has lost them: it is taken out), then try once
+        to bring back each down replica; returns the URLs that rejoined."""
+        await self._check_live()
         return [r.url for r in self._replicas if not r.live and await self._rejoin(r)]
+
+    async def _check_live(self) -> None:
+        if not self._resident:  # nothing loaded through this set (a rollout worker's)
+            return
+        async with self._lock:
+            for replica in self._live():
+                try:
+                    listing = await replica.client.models(timeout_s=self.health_timeout_s)
+                except RequestError as exc:
+                    self._take_out(replica, str(exc))
+                    continue
+                missing = sorted(set(self._resident).difference(listing))
+                if missing:
+                    self._take_out(replica, f"it lost {missing} (restarted?)")
 
     async def _rejoin(self, replica: _Replica) -> bool:
         if not await replica.client.health(timeout_s=self.health_timeout_s):

@@ -351,6 +351,26 @@ async def test_a_replica_rejoins_only_after_the_resident_adapters_are_loaded(
         assert sorted(a.loaded) == sorted(b.loaded) == ["policy@v2", "policy@v3"]
 
 
+async def test_a_replica_that_restarted_between_calls_is_restored_by_the_next_probe(
+    tmp_path: Path,
+) -> None:
+    """A replica that restarts quietly (nothing sent to it meanwhile) answers /health but
+    has lost its adapters: the probe takes it out and loads them back before it serves."""
+    replicas, (a, b) = _replica_set("a.test", "b.test")
+    async with AdapterManager(replicas, staleness_window=1) as manager:
+        await manager.publish(_adapter(tmp_path, 0))
+        assert await replicas.probe() == []  # both hold v0: nothing to do
+        assert [s.live for s in replicas.statistics()] == [True, True]
+        b.loaded.clear()  # the restart
+        a.calls.clear()
+        assert await replicas.probe() == ["http://b.test"]
+        assert sorted(b.loaded) == ["policy@v0"]
+        assert a.calls == ["models"]  # a was only checked
+        for first in (1, 2):
+            await _ask(replicas, first, "policy@v0")
+        assert (a.served, b.served) == ([(1, "policy@v0")], [(2, "policy@v0")])
+
+
 async def test_watch_brings_a_replica_back_once_it_answers() -> None:
     replicas, (a, _) = _replica_set("a.test", "b.test", probe_interval_s=0.01)
     a.refusing = True
