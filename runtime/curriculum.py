@@ -84,13 +84,21 @@ class Curriculum:
         self._queues: dict[str, list[TaskConfig]] = {}
         self._rounds: dict[str, int] = defaultdict(int)
         self._rewards: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self._again: deque[TaskConfig] = deque()
 
     def next(self) -> TaskConfig:
+        if self._again:
+            return self._again.popleft()
         if self.kind == "uniform":
             return self._next_in_order()
         names = sorted(self._by_template)
         weights = [self.weight(name) for name in names]
         return self._next_of(self._rng.choices(names, weights=weights)[0])
+
+    def again(self, task: TaskConfig) -> None:
+        """Draw `task` next, before the order resumes: its group was lost to the
+        infrastructure (a rollout worker that died) and says nothing about the policy."""
+        self._again.append(task)
 
     def observe(self, task_id: int, outcomes: Iterable[tuple[float, str]]) -> None:
         """Remember a finished group's (reward, status) pairs under its task's template;

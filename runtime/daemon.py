@@ -248,7 +248,8 @@ class Daemon:
             served, adapter=first, log_path=self.run_dir / "vllm.log", on_event=self.record
         ) as stack:
             self._stack = stack
-            pool.deny(stack.server.url)  # no page may reach the policy server
+            for url in served.cluster.replica_urls or [stack.server.url]:
+                pool.deny(url)  # no page may reach a policy server
             self._supervisor = supervisor = ServerSupervisor(
                 served.policy,
                 server=stack.server,
@@ -305,6 +306,9 @@ class Daemon:
             supervisor=supervisor,
             stopping=self._stop,
             record=self.record,
+            url_overrides=self.url_overrides,
+            judge_key=self.judge_key,
+            denied=pool.denied,
         )
         await training.start(tg, env, pool)
         self._evaluations = evaluations = PeriodicEvaluations(

@@ -29,7 +29,7 @@ the policy did not exit).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -116,13 +116,16 @@ class Gate:
     (`Scheduler.hold_for_update`, reason "update": a turn made then would make its group
     stale). It opens once no reason is left. Waiting episodes stay in their turn (their
     browser context stays open) until it opens again or they are interrupted.
+    `on_change(reasons)` sees every change (`runtime.cluster` passes it on to the workers'
+    gates).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[frozenset[str]], None] | None = None) -> None:
         self._opened = anyio.Event()
         self._opened.set()
         self._reasons: set[str] = set()
         self._arrived = anyio.Event()
+        self._on_change = on_change
         self.waiting = 0
 
     @property
@@ -138,16 +141,32 @@ class Gate:
         self._reasons.add(reason)
         if self._opened.is_set():
             self._opened = anyio.Event()
+        self._changed()
 
     def open(self, reason: str = "pause") -> None:
         """Take `reason` back; opens when it was the last one."""
         self._reasons.discard(reason)
         if not self._reasons:
             self._opened.set()
+        self._changed()
 
     def open_all(self) -> None:
         self._reasons.clear()
         self._opened.set()
+        self._changed()
+
+    def set_reasons(self, reasons: Iterable[str]) -> None:
+        """Closed for exactly `reasons` (open when empty): another gate's state, copied."""
+        self._reasons = set(reasons)
+        if not self._reasons:
+            self._opened.set()
+        elif self._opened.is_set():
+            self._opened = anyio.Event()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(frozenset(self._reasons))
 
     async def wait_open(self) -> None:
         while not self._opened.is_set():

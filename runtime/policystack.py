@@ -11,12 +11,13 @@ model, the composition root passes v0 from `learner.lora.zero_adapter`: every re
 names an adapter, see `policy.adapters`).
 
 From the configuration it starts the vLLM server as a child process (or, with
-`policy.url`, connects to a running one), opens the HTTP client, renders prompts with
-the model's own tokenizer and chat template, enters the adapter manager (its janitor
-task unloads versions nobody uses any more) and publishes the given adapter after
-checking its manifest against its weights. On exit, adapters are unloaded from an
-external server, the client is closed, and a server we started is stopped with its whole
-process group.
+`policy.url`, connects to a running one; with `cluster.replica_urls`, to several running
+ones as a `policy.replicas.ReplicaSet`: every adapter loaded and verified on each),
+opens the HTTP client, renders prompts with the model's own tokenizer and chat
+template, enters the adapter manager (its janitor task unloads versions nobody uses any
+more) and publishes the given adapter after checking its manifest against its weights.
+On exit, adapters are unloaded from an external server, the client is closed, and a
+server we started is stopped with its whole process group.
 
 The model is `policy.model`, or, when that is empty, the `base_model` recorded in the
 adapter's manifest.
@@ -31,12 +32,14 @@ from pathlib import Path
 
 import anyio
 import httpx
+import msgspec
 import structlog
 
 from policy.adapters import AdapterManager, SwapResult, read_manifest
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.errors import PolicyError
 from policy.prompt import PromptRenderer
+from policy.replicas import ReplicaSet
 from policy.server import VLLMServer
 from runtime.base.config import Config
 from runtime.base.messages import Event
@@ -52,7 +55,9 @@ class PolicyStack:
 
     policy: VLLMPolicy
     adapters: AdapterManager
-    client: CompletionClient
+    # The server's client, or a `ReplicaSet` over `cluster.replica_urls`.
+    client: CompletionClient | ReplicaSet
+    # The server launched (or the external one, or the first replica).
     server: VLLMServer
     renderer: PromptRenderer
     published: SwapResult | None
@@ -94,11 +99,25 @@ async def policy_stack(
     server_log = Path(log_path or Path(config.daemon.run_dir) / "vllm.log")
     await anyio.Path(server_log.parent).mkdir(parents=True, exist_ok=True)
     pcfg = config.policy
+    replicas = config.cluster.replica_urls
+    if replicas and pcfg.url:
+        raise PolicyError("set policy.url or cluster.replica_urls, not both")
     async with (
-        VLLMServer(pcfg, model=model, log_path=server_log) as server,
+        # With replicas, `server` is the first of them (external: awaited, never launched).
+        VLLMServer(
+            msgspec.structs.replace(pcfg, url=replicas[0]) if replicas else pcfg,
+            model=model,
+            log_path=server_log,
+        ) as server,
         _client(http, pcfg.request_timeout_s) as session,
+        anyio.create_task_group() as watching,
     ):
-        client = CompletionClient.from_config(session, server.url, pcfg)
+        client: CompletionClient | ReplicaSet
+        if replicas:
+            client = ReplicaSet.from_config(session, replicas, pcfg)
+            await watching.start(client.watch)  # brings replicas back once they answer
+        else:
+            client = CompletionClient.from_config(session, server.url, pcfg)
         async with AdapterManager(
             client,
             prefix=prefix or pcfg.adapter_prefix,
@@ -143,6 +162,7 @@ async def policy_stack(
                             await adapters.unload_all()
                         except PolicyError as exc:
                             log.warning("policy.unload_failed", error=str(exc))
+        watching.cancel_scope.cancel()
 
 
 @asynccontextmanager

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 import structlog
@@ -27,7 +28,11 @@ from runtime.logs import bind_ids
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.protocols import Policy
 
-__all__ = ["Rollout", "RolloutStatistics"]
+__all__ = ["WORKER_LOST", "GroupRunner", "Rollout", "RolloutStatistics"]
+
+# The status of an episode whose rollout worker died under it (`runtime.cluster`): an
+# infrastructure failure, never trained; the scheduler draws its task again.
+WORKER_LOST = "error:worker"
 
 log = structlog.get_logger("runtime.rollout")
 
@@ -40,6 +45,23 @@ class RolloutStatistics:
     episodes_running: int = 0
     episodes_finished: dict[str, int] = field(default_factory=dict)
     turns: int = 0
+
+
+class GroupRunner(Protocol):
+    """What the scheduler drives: `Rollout` in this process, `runtime.cluster.RayRollout`
+    on Ray's rollout workers."""
+
+    @property
+    def gate(self) -> Gate: ...
+
+    @property
+    def stats(self) -> RolloutStatistics: ...
+
+    async def run_group(
+        self, task: TaskConfig, *, group_size: int, split: str = "", group_id: str | None = None
+    ) -> TrajectoryGroup: ...
+
+    def interrupt_all(self) -> None: ...
 
 
 class Rollout:

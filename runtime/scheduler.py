@@ -16,6 +16,11 @@ episodes wait before each policy call (no new turns while paused; contexts stay 
 `hold_for_update(True/False)` does the same for the learner's updates, and
 `hold_for_policy` while the policy server is down, independently of a pause (the gate
 opens when none holds it).
+
+The groups run on a `GroupRunner`: `Rollout` in this process, or `runtime.cluster`'s
+`RayRollout` on Ray's rollout workers. A group lost with its worker (every episode
+`error:worker`) is sent on like any other (stored, never trained) and its task is drawn
+again next.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from runtime.base.messages import TaskConfig, TrajectoryGroup
 from runtime.curriculum import Curriculum, CurriculumKind
-from runtime.rollout import Rollout
+from runtime.rollout import WORKER_LOST, GroupRunner
 
 __all__ = ["Scheduler", "SchedulerStatistics"]
 
@@ -71,7 +76,7 @@ class Scheduler:
     def __init__(
         self,
         *,
-        rollout: Rollout,
+        rollout: GroupRunner,
         tasks: Sequence[TaskConfig],
         send: MemoryObjectSendStream[TrajectoryGroup],
         group_size: int,
@@ -199,6 +204,8 @@ class Scheduler:
                     return
             self._finished += 1
             self._mixed += group.rewards_differ()
+            if group.trajectories and all(t.status == WORKER_LOST for t in group.trajectories):
+                self.curriculum.again(task)  # lost with its worker: the task is run again
             self.curriculum.observe(
                 group.task_id, [(t.reward, t.status) for t in group.trajectories]
             )

@@ -29,6 +29,7 @@ from anyio.abc import TaskStatus
 from policy.adapters import AdapterManager
 from policy.client import CompletionClient
 from policy.errors import PolicyError, RequestError, ServerExitedError
+from policy.replicas import ReplicaSet
 from policy.server import VLLMServer
 from runtime.base.config import PolicyConfig
 from runtime.base.messages import Event, Fault
@@ -81,7 +82,7 @@ class ServerSupervisor:
         config: PolicyConfig,
         *,
         server: VLLMServer,
-        client: CompletionClient,
+        client: CompletionClient | ReplicaSet,
         adapters: AdapterManager,
         on_down: Callable[[str], None] | None = None,
         on_up: Callable[[], None] | None = None,

@@ -15,7 +15,7 @@ loop has returned, that is, once every drained group is journaled.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,10 +27,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from runtime.base.config import Config
 from runtime.base.messages import Event, TrajectoryGroup
 from runtime.browser import BrowserPool
+from runtime.cluster import RayRollout, ray_rollout
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
 from runtime.policystack import PolicyStack
-from runtime.rollout import Rollout
+from runtime.rollout import GroupRunner, Rollout
 from runtime.scheduler import Scheduler
 from runtime.store import TrajectoryStore, read_groups, unseen_groups
 from runtime.supervisor import ServerSupervisor
@@ -56,11 +57,20 @@ class Training:
         supervisor: ServerSupervisor,
         stopping: anyio.Event,
         record: Callable[[Event], None],
+        url_overrides: Mapping[str, str] | None = None,
+        judge_key: str = "",
+        denied: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.config = config
         self.store_path = run_dir / "trajectories.jsonl"
         self.scheduler: Scheduler | None = None
         self.done = anyio.Event()
+        # What rollout workers on Ray need besides the config (`runtime.cluster`).
+        self._url_overrides = dict(url_overrides or {})
+        self._judge_key = judge_key
+        self._denied = list(denied)
+        self._ray: RayRollout | None = None
+        self._rollouts_over = anyio.Event()
         self._stack = stack
         self._supervisor = supervisor
         self._stopping = stopping
@@ -111,15 +121,19 @@ class Training:
             learn_send, learn_recv = anyio.create_memory_object_stream[TrajectoryGroup](0)
             version = await tg.start(self._learn, learn_recv)
             log.info("daemon.learner_ready", version=version)
-            rollout = Rollout(
-                environment=environment,
-                pool=pool,
-                policy=self._stack.policy,
-                settings=EpisodeSettings.from_config(config),
-                max_episodes=config.scheduler.max_episodes_in_flight,
-                count_tokens=self._stack.renderer.count_tokens,
-                on_event=self._record,
-            )
+            rollout: GroupRunner
+            if config.cluster.backend == "ray":
+                rollout = self._ray = await tg.start(self._ray_workers)
+            else:
+                rollout = Rollout(
+                    environment=environment,
+                    pool=pool,
+                    policy=self._stack.policy,
+                    settings=EpisodeSettings.from_config(config),
+                    max_episodes=config.scheduler.max_episodes_in_flight,
+                    count_tokens=self._stack.renderer.count_tokens,
+                    on_event=self._record,
+                )
             scheduler = Scheduler(
                 rollout=rollout,
                 tasks=environment.tasks(config.scheduler.split),
@@ -148,13 +162,37 @@ class Training:
         finally:
             if not started:  # start-up failed or was cancelled: nothing will append
                 store.close()
-        tg.start_soon(scheduler.run)
+        tg.start_soon(self._schedule, scheduler)
         tg.start_soon(self._pump, groups_recv, learn_send, store, unjournaled)
 
     async def drain(self, timeout_s: float) -> None:
         """No new groups; those in flight finish, or end `interrupted` after `timeout_s`."""
         if self.scheduler is not None:
             await self.scheduler.stop(timeout_s)
+
+    async def _schedule(self, scheduler: Scheduler) -> None:
+        try:
+            await scheduler.run()
+        finally:
+            self._rollouts_over.set()  # the Ray workers may close
+
+    async def _ray_workers(
+        self, *, task_status: TaskStatus[RayRollout] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Rollout workers on Ray, held until the scheduler has returned."""
+        adapters = self._stack.adapters
+        async with ray_rollout(
+            self.config,
+            server_urls=self.config.cluster.replica_urls or [self._stack.server.url],
+            current=lambda: adapters.current,
+            on_event=self._record,
+            url_overrides=self._url_overrides,
+            judge_key=self._judge_key,
+            denied=self._denied,
+            start_timeout_s=self.config.policy.startup_timeout_s,
+        ) as rollout:
+            task_status.started(rollout)
+            await self._rollouts_over.wait()
 
     async def _learn(
         self,
@@ -169,6 +207,8 @@ class Training:
 
     async def _publish(self, path: Path) -> None:
         await self._supervisor.publish(path, stopping=self._stopping)
+        if self._ray is not None:
+            self._ray.follow()  # the workers' next turns use the new version
 
     async def _emit(self, event: Event) -> None:
         self._record(event)

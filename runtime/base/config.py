@@ -20,6 +20,7 @@ __all__ = [
     "Allocator",
     "BCConfig",
     "BrowserConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "DaemonConfig",
@@ -479,6 +480,34 @@ class EndpointConfig(_Section, frozen=True):
     max_connections: Positive = 512
 
 
+class ClusterConfig(_Section, frozen=True):
+    """Where rollouts run and which policy servers they use.
+
+    `backend = "local"`: every episode runs in this process (the embedded default).
+    `"ray"`: the daemon drives rollout-worker actors on a Ray cluster (`runtime.cluster`):
+    each owns its event loop, Chromium and sites, and runs the whole groups it is given;
+    the scheduler, store, learner and hot-swap stay in this process.
+    """
+
+    backend: Literal["local", "ray"] = "local"
+    # Ray: "" starts a local cluster for this process (stopped with it); "auto" joins the
+    # one `ray start` runs on this host; "ray://head:10001" a remote one.
+    address: str = ""
+    # Rollout-worker actors, and the episodes each runs at once (its browser contexts).
+    workers: Positive = 2
+    contexts_per_worker: Positive = 8
+    # CPUs Ray reserves for a worker (its Chromium and event loop).
+    cpus_per_worker: PositiveFloat = 1.0
+    # Restarts of a worker that died (-1: no limit). Its groups in flight end as
+    # `error:worker` (infrastructure: never trained) and their tasks are drawn again.
+    max_worker_restarts: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    # Policy replicas: URLs of running OpenAI-compatible vLLM servers that serve the same
+    # model. Empty: the one server of [policy] (launched, or policy.url). Every adapter
+    # version is loaded and verified on each before any request uses it; requests go to the
+    # least-loaded replica; one that stops answering is taken out until healthy again.
+    replica_urls: list[str] = []
+
+
 class Config(_Section, frozen=True):
     """The effective configuration of one process."""
 
@@ -491,6 +520,7 @@ class Config(_Section, frozen=True):
     bc: BCConfig = BCConfig()
     daemon: DaemonConfig = DaemonConfig()
     endpoint: EndpointConfig = EndpointConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
 
 class ConfigError(Exception):

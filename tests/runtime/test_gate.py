@@ -53,3 +53,34 @@ async def test_open_all_clears_every_reason() -> None:
     assert gate.is_open
     gate.close("update")
     assert gate.closed_for == {"update"}  # the old reasons did not come back
+
+
+async def test_every_change_is_seen_and_a_copied_state_holds_waiters() -> None:
+    """`on_change` is how the driver's gate reaches Ray's rollout workers; `set_reasons`
+    is how a worker's gate takes the driver's state."""
+    seen: list[frozenset[str]] = []
+    driver = Gate(on_change=seen.append)
+    driver.close("pause")
+    driver.close("update")
+    driver.open("pause")
+    driver.open_all()
+    assert seen == [{"pause"}, {"pause", "update"}, {"update"}, frozenset()]
+
+    worker = Gate()
+    worker.set_reasons(["update"])
+    passed = anyio.Event()
+
+    async def wait() -> None:
+        await worker.wait_open()
+        passed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        with anyio.fail_after(5):
+            await worker.wait_held(1)
+        worker.set_reasons(["pause"])
+        await anyio.sleep(0.05)
+        assert not passed.is_set() and worker.closed_for == {"pause"}
+        worker.set_reasons([])
+        with anyio.fail_after(5):
+            await passed.wait()
