@@ -238,6 +238,7 @@ class RayRollout:
         current: Callable[[], AdapterLease | None],
         on_event: Callable[[Event], None] | None = None,
         lost_errors: tuple[type[BaseException], ...] = (),
+        restarting_errors: tuple[type[BaseException], ...] = (),
         restart_timeout_s: float = 300.0,
     ) -> None:
         self.gate = Gate(on_change=lambda reasons: self._broadcast())
@@ -250,6 +251,7 @@ class RayRollout:
         self._next = 0  # round-robin among equally loaded workers
         # Workers that died and are not back yet: no group goes to them.
         self._down: set[int] = set()
+        self._restarting = restarting_errors  # a call to a worker Ray is restarting
         self._restart_timeout_s = restart_timeout_s
         self.groups_lost = 0
 
@@ -326,7 +328,12 @@ class RayRollout:
         gone: tuple[type[BaseException], ...] = (TimeoutError, *self._lost_errors)
         try:
             with anyio.fail_after(self._restart_timeout_s):
-                pid = await self._workers[index].pid.remote()
+                while True:
+                    try:
+                        pid = await self._workers[index].pid.remote()
+                        break
+                    except self._restarting:
+                        await anyio.sleep(0.5)
         except gone as exc:
             log.error("worker.gone", worker=index, error=f"{type(exc).__name__}: {exc}")
             return  # stays down
@@ -453,17 +460,17 @@ async def ray_rollout(
     )
     started_ray = False
     if not ray.is_initialized():
-        # In a thread: starting a local cluster takes seconds (8 s on 2 busy cores), which
-        # the event loop (the policy server's health probes) must not wait out.
+        # On the event loop's thread, though it blocks it for seconds (5-8 s on 2 cores):
+        # the GCS and raylet a local start makes die with the THREAD that started them
+        # (a parent-death signal; checked: `ray.init` in a thread that then exits leaves no
+        # GCS), and an idle `anyio.to_thread` worker thread exits after 10 s. From one, the
+        # cluster died under a running daemon, 2 runs in 4.
         if cluster.address:
-            init = functools.partial(ray.init, address=cluster.address, log_to_driver=False)
+            ray.init(address=cluster.address, log_to_driver=False)
         else:
             # Enough logical CPUs for the workers asked for, even on a small machine.
             cpus = max(os.cpu_count() or 1, math.ceil(cluster.workers * cluster.cpus_per_worker))
-            init = functools.partial(
-                ray.init, num_cpus=cpus, include_dashboard=False, log_to_driver=False
-            )
-        await anyio.to_thread.run_sync(init)
+            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         started_ray = True
     actor = ray.remote(RolloutWorker)
     workers = [
@@ -485,6 +492,7 @@ async def ray_rollout(
             current=current,
             on_event=on_event,
             lost_errors=(ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError),
+            restarting_errors=(ray.exceptions.ActorUnavailableError,),
             restart_timeout_s=start_timeout_s,
         )
     finally:
@@ -495,5 +503,4 @@ async def ray_rollout(
         for worker in workers:
             ray.kill(worker, no_restart=True)
         if started_ray:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(ray.shutdown)
+            ray.shutdown()

@@ -70,6 +70,10 @@ class _Lost(Exception):
     """What Ray raises for a call to an actor that died (RayActorError)."""
 
 
+class _Restarting(_Lost):
+    """What Ray raises for a call to an actor it is restarting (ActorUnavailableError)."""
+
+
 class _Call:
     def __init__(self, fn: Callable[..., Awaitable[Any]]) -> None:
         self.fn = fn
@@ -87,6 +91,7 @@ class _Worker:
         self.dead = False
         self.gone = False
         self.back = anyio.Event()
+        self.restarting = 0  # pid calls that find it restarting, before `back` is awaited
         self.groups: list[str] = []
         self.run_group = _Call(self._run_group)
         self.pid = _Call(self._pid)
@@ -116,6 +121,9 @@ class _Worker:
     async def _pid(self) -> int:
         if self.gone:
             raise _Lost("no restarts left")
+        if self.restarting:
+            self.restarting -= 1
+            raise _Restarting("the actor is restarting")
         await self.back.wait()
         self.dead = False
         return 1000 + self.index
@@ -129,10 +137,15 @@ async def test_a_dead_worker_gets_no_group_until_it_is_back() -> None:
     workers = [_Worker(0), _Worker(1)]
     faults: list[Event] = []
     rollout = RayRollout(
-        workers, current=lambda: None, on_event=faults.append, lost_errors=(_Lost,)
+        workers,
+        current=lambda: None,
+        on_event=faults.append,
+        lost_errors=(_Lost,),
+        restarting_errors=(_Restarting,),
     )
     task = TaskConfig(task_id=7, intent="t", start_url="http://x/")
     workers[0].dead = True
+    workers[0].restarting = 2
     lost: list[TrajectoryGroup] = []
     async with anyio.create_task_group() as tg:
 
@@ -140,7 +153,10 @@ async def test_a_dead_worker_gets_no_group_until_it_is_back() -> None:
             lost.append(await rollout.run_group(task, group_size=2, group_id="g0"))
 
         tg.start_soon(lose)
-        await anyio.wait_all_tasks_blocked()  # g0 lost; waiting for worker 0's restart
+        with anyio.fail_after(5):  # g0 lost; asked twice while restarting, then waiting
+            while workers[0].restarting:  # noqa: ASYNC110 - the rollout's own retry period
+                await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()
         for n in range(1, 4):  # meanwhile every group goes to worker 1
             group = await rollout.run_group(task, group_size=2, group_id=f"g{n}")
             assert group.rewards_differ() is False and group.trajectories[0].status == "exited"

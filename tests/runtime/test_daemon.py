@@ -476,6 +476,13 @@ def two_replicas(sku_model: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait(timeout=30)
 
 
+def _seconds(start: str, end: str) -> float:
+    """Seconds between two of the daemon's ISO log timestamps."""
+    from datetime import datetime
+
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
 def _replica_url(proc: subprocess.Popen[bytes]) -> str:
     args = [str(a) for a in proc.args]  # type: ignore[union-attr]
     return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
@@ -559,8 +566,13 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
         turn["adapter_version"] for g in groups for t in g["trajectories"] for turn in t["turns"]
     }
     assert 1 in versions_used, versions_used
+    # Recovery, as the daemon logged it: the first lost group to the worker answering again.
+    first_lost = _log_lines(log, "worker.lost_group")[0]["timestamp"]
+    restarted = _log_lines(log, "worker.restarted")
+    assert restarted, "the killed worker never came back"
     print(
         f"ray: worker kills {len(killed)}, groups lost {len(lost)}, groups {len(groups)}, "
-        f"trained {len(trained)}, versions used {sorted(versions_used)}"
+        f"trained {len(trained)}, versions used {sorted(versions_used)}, worker back "
+        f"{_seconds(first_lost, restarted[0]['timestamp']):.1f} s after its first lost group"
     )
     assert not _ray_workers(proc.pid), "rollout workers left running"
