@@ -31,6 +31,7 @@ import contextlib
 import functools
 import math
 import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -465,12 +466,19 @@ async def ray_rollout(
         # (a parent-death signal; checked: `ray.init` in a thread that then exits leaves no
         # GCS), and an idle `anyio.to_thread` worker thread exits after 10 s. From one, the
         # cluster died under a running daemon, 2 runs in 4.
+        # Ray takes SIGTERM and SIGINT for itself on this thread (a handler that exits, and
+        # its C++ failure handler that aborts: SIGTERM ended a daemon with exit -6, undrained,
+        # bench.cluster_faults 2026-12-03); the daemon's own handlers are put back.
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         if cluster.address:
             ray.init(address=cluster.address, log_to_driver=False)
         else:
             # Enough logical CPUs for the workers asked for, even on a small machine.
             cpus = max(os.cpu_count() or 1, math.ceil(cluster.workers * cluster.cpus_per_worker))
             ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
         started_ray = True
     actor = ray.remote(RolloutWorker)
     workers = [
