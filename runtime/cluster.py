@@ -173,17 +173,15 @@ class RolloutWorker:
         self.spec = msgspec.msgpack.decode(spec, type=WorkerSpec)
         self._events: list[Event] = []
         self._follower = AdapterFollower()
-        self._exits = contextlib.ExitStack()
-        try:
-            self._portal = self._exits.enter_context(start_blocking_portal("asyncio"))
-            self._rollout = self._exits.enter_context(
+        # Closed here if start-up fails; kept open (`pop_all`) for `close()` if it does not.
+        with contextlib.ExitStack() as exits:
+            self._portal = exits.enter_context(start_blocking_portal("asyncio"))
+            self._rollout = exits.enter_context(
                 self._portal.wrap_async_context_manager(
                     _worker_rollout(self.spec, self._follower, self._events.append)
                 )
             )
-        except BaseException:
-            self._exits.close()
-            raise
+            self._exits = exits.pop_all()
         log.info("worker.ready", index=self.spec.index, pid=os.getpid())
 
     def pid(self) -> int:
