@@ -180,6 +180,7 @@ class Scheduler:
                             if not opened:  # cancelled while paused: give the slot back
                                 self._slots.release()
                         task = self.curriculum.next()
+                        log.info("scheduler.group_started", task_id=task.task_id)
                         self._started += 1
                         self._in_flight += 1
                         self._idle = anyio.Event()
@@ -195,6 +196,11 @@ class Scheduler:
     async def _group(self, task: TaskConfig) -> None:
         try:
             group = await self.rollout.run_group(task, group_size=self.group_size, split=self.split)
+            if group.trajectories and all(t.status == WORKER_LOST for t in group.trajectories):
+                # Lost with its worker: its task is drawn next (before this group's slot,
+                # or any other, is given back).
+                self.curriculum.again(task)
+                log.warning("scheduler.again", task_id=task.task_id, group_id=group.group_id)
             # Shielded: a group that finished is delivered even while the run is stopping.
             with anyio.CancelScope(shield=True):
                 try:
@@ -204,8 +210,6 @@ class Scheduler:
                     return
             self._finished += 1
             self._mixed += group.rewards_differ()
-            if group.trajectories and all(t.status == WORKER_LOST for t in group.trajectories):
-                self.curriculum.again(task)  # lost with its worker: the task is run again
             self.curriculum.observe(
                 group.task_id, [(t.reward, t.status) for t in group.trajectories]
             )

@@ -24,7 +24,9 @@ from runtime.base.config import (
 )
 from runtime.base.messages import Event, Fault, TaskConfig, Trajectory, TrajectoryGroup
 from runtime.cluster import RayRollout, WorkersLostError, worker_specs
-from runtime.rollout import WORKER_LOST
+from runtime.episode import Gate
+from runtime.rollout import WORKER_LOST, RolloutStatistics
+from runtime.scheduler import Scheduler
 
 
 def _config(workers: int, instances: int, *, max_concurrency: int = 16) -> Config:
@@ -180,3 +182,63 @@ async def test_workers_gone_for_good_end_the_run_with_a_clear_error() -> None:
     assert {t.status for t in group.trajectories} == {WORKER_LOST}
     with pytest.raises(WorkersLostError, match="all 1 rollout workers died"):
         await rollout.run_group(task, group_size=2)
+
+
+class _LosingRunner:
+    """A `GroupRunner` whose group of `lose_task` is lost the first time, once a second
+    group is in flight; the other groups are held until `release` is set."""
+
+    def __init__(self, lose_task: int) -> None:
+        self.gate = Gate()
+        self.stats = RolloutStatistics()
+        self.lose_task = lose_task
+        self.release = anyio.Event()
+        self.two_drawn = anyio.Event()
+        self.drawn: list[int] = []
+
+    async def run_group(
+        self, task: TaskConfig, *, group_size: int, split: str = "", group_id: str | None = None
+    ) -> TrajectoryGroup:
+        self.drawn.append(task.task_id)
+        if len(self.drawn) == 2:
+            self.two_drawn.set()
+        lost = task.task_id == self.lose_task and self.drawn.count(task.task_id) == 1
+        await (self.two_drawn if lost else self.release).wait()
+        status = WORKER_LOST if lost else "exited"
+        episode = Trajectory(
+            episode_id="e", group_id="g", task_id=task.task_id, intent=task.intent,
+            status=status, started_at=0.0, finished_at=0.0,
+        )  # fmt: skip
+        return TrajectoryGroup(
+            group_id=f"g{len(self.drawn)}",
+            task_id=task.task_id,
+            trajectories=[episode] * group_size,
+            created_at=0.0,
+        )
+
+    def interrupt_all(self) -> None:
+        self.release.set()
+
+
+@pytest.mark.anyio
+async def test_the_task_of_a_lost_group_is_drawn_next() -> None:
+    tasks = [TaskConfig(task_id=i, intent=f"t{i}", start_url="http://x/") for i in range(6)]
+    send, receive = anyio.create_memory_object_stream[TrajectoryGroup](16)
+    # Uniform, unshuffled: tasks are drawn 0, 1, 2, ...; task 0's first group is lost.
+    runner = _LosingRunner(lose_task=0)
+    scheduler = Scheduler(
+        rollout=runner, tasks=tasks, send=send, group_size=2, max_groups=2, shuffle=False,
+        num_groups=5,
+    )  # fmt: skip
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        with anyio.fail_after(5):
+            while len(runner.drawn) < 3:  # noqa: ASYNC110 - waiting on the scheduler
+                await anyio.sleep(0.01)
+        runner.release.set()
+    with receive:
+        groups = [g async for g in receive]
+    # Task 1 was in flight when task 0's group was lost: the slot it freed went to task 0.
+    assert runner.drawn == [0, 1, 0, 2, 3]
+    assert groups[0].task_id == 0 and groups[0].trajectories[0].status == WORKER_LOST
+    assert sorted(g.task_id for g in groups[1:]) == [0, 1, 2, 3]

@@ -55,10 +55,11 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _log_lines(log: Path, event: str) -> list[dict[str, Any]]:
+def _log_lines(log: Path, *events: str) -> list[dict[str, Any]]:
+    """The daemon's JSON log lines of any of `events`, in the log's order."""
     out = []
     for line in log.read_text().splitlines():
-        if f'"{event}"' in line:
+        if any(f'"{event}"' in line for event in events):
             try:
                 out.append(json.loads(line))
             except ValueError:
@@ -545,14 +546,23 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
     ]
     lost = [g for g in groups if all(t["status"] == "error:worker" for t in g["trajectories"])]
     assert len(lost) == len(faults)
-    # Its tasks ran again (each lost group's task has a later group that did not fail so).
+    # Each lost group's task was the next one drawn, and that group ran (a run that stops
+    # before a slot opens draws nothing more).
+    scheduled = _log_lines(log, "scheduler.again", "scheduler.group_started")
+    rerun = 0
     for group in lost:
+        (put_back,) = [i for i, x in enumerate(scheduled) if x.get("group_id") == group["group_id"]]
+        drawn = [x for x in scheduled[put_back + 1 :] if x["event"] == "scheduler.group_started"]
+        if not drawn:
+            continue
+        assert drawn[0]["task_id"] == group["task_id"], (group["task_id"], drawn[0])
         later = [
             g
             for g in groups
             if g["task_id"] == group["task_id"] and g["created_at"] > group["created_at"]
         ]
         assert any(t["status"] != "error:worker" for g in later for t in g["trajectories"]), group
+        rerun += 1
     trained = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
     assert len(trained) == len(set(trained)), "a group was trained twice"
     assert not {g["group_id"] for g in lost} & set(trained), "a lost group was trained"
@@ -571,7 +581,8 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
     restarted = _log_lines(log, "worker.restarted")
     assert restarted, "the killed worker never came back"
     print(
-        f"ray: worker kills {len(killed)}, groups lost {len(lost)}, groups {len(groups)}, "
+        f"ray: worker kills {len(killed)}, groups lost {len(lost)} (run again {rerun}), "
+        f"groups {len(groups)}, "
         f"trained {len(trained)}, versions used {sorted(versions_used)}, worker back "
         f"{_seconds(first_lost, restarted[0]['timestamp']):.1f} s after its first lost group"
     )
