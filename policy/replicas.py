@@ -28,6 +28,13 @@ another; with none left, `ServerUnavailableError` says so. Each try has the call
 whole timeout. A timeout or a refused request is the request's failure, not the
 replica's: it is raised as it is.
 
+Placement. A replica that does not share the learner's file system gets a `Placement`
+(`runtime.replica_actors.ActorPlacement`: the files go through Ray to the replica's
+node): before a load, `place(name, path)` puts the adapter where that replica can read
+it and gives the path to load from; after an unload, `remove(name)` deletes it there.
+Without one, the replica loads the learner's path as it is (one host, or a shared file
+system). A placement that cannot reach its replica raises `ServerUnavailableError`.
+
 Rejoining. `watch()`, run in the owner's task group, calls `probe()` every
 `probe_interval_s`: a live replica that no longer lists the resident adapters (it
 restarted between two calls) is taken out, and a down replica whose `/health` answers
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 import httpx
@@ -58,7 +66,7 @@ from policy.errors import (
 )
 from runtime.base.config import PolicyConfig
 
-__all__ = ["ReplicaSet", "ReplicaStatistics"]
+__all__ = ["Placement", "ReplicaSet", "ReplicaStatistics"]
 
 _log = structlog.get_logger("policy.replicas")
 
@@ -74,9 +82,18 @@ class ReplicaStatistics(msgspec.Struct, frozen=True, kw_only=True):
     failures: int
 
 
+class Placement(Protocol):
+    """Puts adapter folders where one replica can read them (see the module docstring)."""
+
+    async def place(self, name: str, path: str) -> str: ...
+
+    async def remove(self, name: str) -> None: ...
+
+
 @dataclass(eq=False)
 class _Replica:
     client: CompletionClient
+    placement: Placement | None = None
     live: bool = True
     reason: str = ""
     adapters: set[str] = field(default_factory=set)  # loaded into it through the set
@@ -88,6 +105,19 @@ class _Replica:
     def url(self) -> str:
         return self.client.base_url
 
+    async def load(self, name: str, path: str, timeout_s: float | None) -> None:
+        """Place the adapter (when it has a placement) and load it."""
+        if self.placement is not None:
+            path = await self.placement.place(name, path)
+        await self.client.load_adapter(name, path, timeout_s=timeout_s)
+        _log.info("replica.loaded", url=self.url, adapter=name, path=path)
+
+    async def unload(self, name: str, timeout_s: float | None) -> bool:
+        had = await self.client.unload_adapter(name, timeout_s=timeout_s)
+        if self.placement is not None:
+            await self.placement.remove(name)
+        return had
+
 
 class ReplicaSet:
     """Policy servers of one model behind one `CompletionClient`-like face (see the module
@@ -97,6 +127,7 @@ class ReplicaSet:
         self,
         clients: Sequence[CompletionClient],
         *,
+        placements: Sequence[Placement | None] = (),
         probe_interval_s: float = 2.0,
         health_timeout_s: float = 5.0,
     ) -> None:
@@ -105,7 +136,10 @@ class ReplicaSet:
             raise ValueError("a ReplicaSet needs at least one replica")
         if len(set(urls)) != len(urls):
             raise ValueError(f"replica URLs repeat: {urls}")
-        self._replicas = [_Replica(client) for client in clients]
+        if len(placements) > len(clients):
+            raise ValueError(f"{len(placements)} placements for {len(clients)} replicas")
+        places = [*placements, *[None] * (len(clients) - len(placements))]
+        self._replicas = [_Replica(c, p) for c, p in zip(clients, places, strict=True)]
         self.probe_interval_s = probe_interval_s
         self.health_timeout_s = health_timeout_s
         self._resident: dict[str, str] = {}  # name -> path: loaded and not unloaded
@@ -115,10 +149,16 @@ class ReplicaSet:
 
     @classmethod
     def from_config(
-        cls, http: httpx.AsyncClient, urls: Sequence[str], config: PolicyConfig
+        cls,
+        http: httpx.AsyncClient,
+        urls: Sequence[str],
+        config: PolicyConfig,
+        *,
+        placements: Sequence[Placement | None] = (),
     ) -> ReplicaSet:
         return cls(
             [CompletionClient.from_config(http, url, config) for url in urls],
+            placements=placements,
             probe_interval_s=config.health_interval_s,
             health_timeout_s=config.health_timeout_s,
         )
@@ -230,7 +270,7 @@ class ReplicaSet:
             loaded: list[_Replica] = []
             for replica in self._live():
                 try:
-                    await replica.client.load_adapter(name, path, timeout_s=timeout_s)
+                    await replica.load(name, path, timeout_s)
                 except ServerUnavailableError as exc:
                     self._take_out(replica, str(exc))
                     continue
@@ -250,7 +290,7 @@ class ReplicaSet:
         for replica in loaded:
             replica.adapters.discard(name)
             try:
-                await replica.client.unload_adapter(name, timeout_s=timeout_s)
+                await replica.unload(name, timeout_s)
             except RequestError as exc:
                 self._take_out(replica, f"could not undo the load of {name}: {exc}")
 
@@ -262,7 +302,7 @@ class ReplicaSet:
             unloaded = 0
             for replica in self._live():
                 try:
-                    had |= await replica.client.unload_adapter(name, timeout_s=timeout_s)
+                    had |= await replica.unload(name, timeout_s)
                 except RequestError as exc:
                     self._take_out(replica, f"could not unload {name}: {exc}")
                     continue
@@ -323,10 +363,10 @@ class ReplicaSet:
             try:
                 served = await replica.client.models()
                 for name in sorted(self._known.difference(self._resident).intersection(served)):
-                    await replica.client.unload_adapter(name)
+                    await replica.unload(name, None)
                 for name, path in self._resident.items():
                     if name not in served:
-                        await replica.client.load_adapter(name, path)
+                        await replica.load(name, path, None)
                 self._check(replica, await replica.client.models())
             except PolicyError as exc:
                 replica.reason = f"rejoin failed: {exc}"

@@ -360,7 +360,7 @@ async def serve_api(
     API itself, whose URL joins them once it is bound.
     """
     targets = RunTargets(
-        own=[stack.server.url],
+        own=list(stack.urls),
         site_urls=environment.urls.values(),
         count_tokens=stack.renderer.count_tokens,
         max_intent_tokens=intent_budget(config),

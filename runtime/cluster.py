@@ -31,7 +31,6 @@ import contextlib
 import functools
 import math
 import os
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -56,11 +55,18 @@ from runtime.episode import EpisodeSettings, Gate
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.oracle import OraclePolicy
 from runtime.protocols import Policy
+from runtime.ray_session import import_ray, ray_session
 from runtime.rollout import WORKER_LOST, Rollout, RolloutStatistics
 from runtime.webarena_environment import open_environment
 from sites.judge import HttpJudge
 
-__all__ = ["RayRollout", "RolloutWorker", "WorkerSpec", "WorkersLostError", "ray_rollout"]
+__all__ = [
+    "RayRollout",
+    "RolloutWorker",
+    "WorkerSpec",
+    "WorkersLostError",
+    "ray_rollout",
+]
 
 log = structlog.get_logger("runtime.cluster")
 
@@ -420,18 +426,6 @@ def worker_specs(
     return specs
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(
-            "config",
-            "cluster.backend",
-            "\"ray\" needs Ray: pip install 'webagent-r1[ray]'",
-        ) from exc
-    return ray
-
-
 @asynccontextmanager
 async def ray_rollout(
     config: Config,
@@ -447,8 +441,7 @@ async def ray_rollout(
 ) -> AsyncIterator[RayRollout]:
     """Rollout workers on the configured Ray cluster (a local one started for this
     process when `cluster.address` is empty), ready, as a `RayRollout`; closed on exit."""
-    ray = _import_ray()
-    cluster = config.cluster
+    ray = import_ray()
     specs = worker_specs(
         config,
         server_urls=server_urls,
@@ -457,27 +450,23 @@ async def ray_rollout(
         denied=denied,
         policy=policy,
     )
-    started_ray = False
-    if not ray.is_initialized():
-        # On the event loop's thread, though it blocks it for seconds (5-8 s on 2 cores):
-        # the GCS and raylet a local start makes die with the THREAD that started them
-        # (a parent-death signal; checked: `ray.init` in a thread that then exits leaves no
-        # GCS), and an idle `anyio.to_thread` worker thread exits after 10 s. From one, the
-        # cluster died under a running daemon, 2 runs in 4.
-        # Ray takes SIGTERM and SIGINT for itself on this thread (a handler that exits, and
-        # its C++ failure handler that aborts: SIGTERM ended a daemon with exit -6, undrained,
-        # bench.cluster_faults 2026-12-03); the daemon's own handlers are put back.
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        if cluster.address:
-            ray.init(address=cluster.address, log_to_driver=False)
-        else:
-            # Enough logical CPUs for the workers asked for, even on a small machine.
-            cpus = max(os.cpu_count() or 1, math.ceil(cluster.workers * cluster.cpus_per_worker))
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-        for sig, handler in handlers.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-        started_ray = True
+    async with ray_session(config), _workers(ray, config, specs, start_timeout_s) as workers:
+        yield RayRollout(
+            workers,
+            current=current,
+            on_event=on_event,
+            lost_errors=(ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError),
+            restarting_errors=(ray.exceptions.ActorUnavailableError,),
+            restart_timeout_s=start_timeout_s,
+        )
+
+
+@asynccontextmanager
+async def _workers(
+    ray: Any, config: Config, specs: Sequence[WorkerSpec], start_timeout_s: float
+) -> AsyncIterator[list[Any]]:
+    """The rollout-worker actors of `specs`, answering; closed and killed on exit."""
+    cluster = config.cluster
     actor = ray.remote(RolloutWorker)
     workers = [
         actor.options(
@@ -493,14 +482,7 @@ async def ray_rollout(
         with anyio.fail_after(start_timeout_s):
             pids = [await worker.pid.remote() for worker in workers]
         log.info("cluster.ready", workers=len(workers), pids=pids, address=cluster.address)
-        yield RayRollout(
-            workers,
-            current=current,
-            on_event=on_event,
-            lost_errors=(ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError),
-            restarting_errors=(ray.exceptions.ActorUnavailableError,),
-            restart_timeout_s=start_timeout_s,
-        )
+        yield workers
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(60):
             for worker in workers:
@@ -508,5 +490,3 @@ async def ray_rollout(
                     await worker.close.remote()
         for worker in workers:
             ray.kill(worker, no_restart=True)
-        if started_ray:
-            ray.shutdown()

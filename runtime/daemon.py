@@ -48,6 +48,7 @@ from anyio.abc import TaskStatus
 
 from policy.adapters import publish_new_folders
 from policy.profile import settle_auto
+from policy.replicas import ReplicaSet
 from runtime.api import serve_api
 from runtime.base.config import Config, dump_config
 from runtime.base.files import write_atomic
@@ -184,6 +185,8 @@ class Daemon:
             out["sites"] = dict(self._environment.urls)
         if self._stack is not None:
             parts |= {"adapters": self._stack.adapters, "policy": self._stack.policy}
+            if isinstance(self._stack.client, ReplicaSet):
+                out["replicas"] = msgspec.to_builtins(self._stack.client.statistics())
         for name, part in parts.items():
             if part is not None:
                 out[name] = msgspec.to_builtins(part.statistics())
@@ -248,7 +251,7 @@ class Daemon:
             served, adapter=first, log_path=self.run_dir / "vllm.log", on_event=self.record
         ) as stack:
             self._stack = stack
-            for url in served.cluster.replica_urls or [stack.server.url]:
+            for url in stack.urls:
                 pool.deny(url)  # no page may reach a policy server
             self._supervisor = supervisor = ServerSupervisor(
                 served.policy,

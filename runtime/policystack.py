@@ -12,7 +12,9 @@ names an adapter, see `policy.adapters`).
 
 From the configuration it starts the vLLM server as a child process (or, with
 `policy.url`, connects to a running one; with `cluster.replica_urls`, to several running
-ones as a `policy.replicas.ReplicaSet`: every adapter loaded and verified on each),
+ones as a `policy.replicas.ReplicaSet`: every adapter loaded and verified on each; with
+`cluster.replicas`, it launches that many more as Ray actors, `runtime.replica_actors`,
+which get the adapters' files through Ray),
 opens the HTTP client, renders prompts with the model's own tokenizer and chat
 template, enters the adapter manager (its janitor task unloads versions nobody uses any
 more) and publishes the given adapter after checking its manifest against its weights.
@@ -25,7 +27,8 @@ adapter's manifest.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +42,12 @@ from policy.adapters import AdapterManager, SwapResult, read_manifest
 from policy.client import CompletionClient, SamplingParams, VLLMPolicy
 from policy.errors import PolicyError
 from policy.prompt import PromptRenderer
-from policy.replicas import ReplicaSet
+from policy.replicas import Placement, ReplicaSet
 from policy.server import VLLMServer
 from runtime.base.config import Config
 from runtime.base.messages import Event
+from runtime.ray_session import ray_session
+from runtime.replica_actors import LaunchedReplica, launch_replicas
 
 __all__ = ["PolicyStack", "policy_stack"]
 
@@ -62,6 +67,8 @@ class PolicyStack:
     renderer: PromptRenderer
     published: SwapResult | None
     model: str
+    # Every policy server's URL (the one server, or each replica).
+    urls: tuple[str, ...]
 
 
 def _model_of(config: Config, adapter: Path | None) -> str:
@@ -95,13 +102,46 @@ async def policy_stack(
     if folder is not None:
         await anyio.to_thread.run_sync(read_manifest, folder)  # refuse a bad folder early
     model = await anyio.to_thread.run_sync(_model_of, config, folder)
-    renderer = await anyio.to_thread.run_sync(PromptRenderer.from_model, model)
     server_log = Path(log_path or Path(config.daemon.run_dir) / "vllm.log")
     await anyio.Path(server_log.parent).mkdir(parents=True, exist_ok=True)
     pcfg = config.policy
-    replicas = config.cluster.replica_urls
-    if replicas and pcfg.url:
-        raise PolicyError("set policy.url or cluster.replica_urls, not both")
+    if (config.cluster.replica_urls or config.cluster.replicas) and pcfg.url:
+        raise PolicyError("set policy.url or cluster replicas (replica_urls, replicas), not both")
+    async with contextlib.AsyncExitStack() as launching:
+        launched: list[LaunchedReplica] = []
+        if config.cluster.replicas:  # vLLM replicas as Ray actors
+            await launching.enter_async_context(ray_session(config))
+            launched = await launching.enter_async_context(launch_replicas(config, model=model))
+        external = config.cluster.replica_urls
+        async with _stack(
+            config,
+            model=model,
+            folder=folder,
+            prefix=prefix,
+            server_log=server_log,
+            http=http,
+            on_event=on_event,
+            replicas=[*external, *(r.url for r in launched)],
+            placements=[*(None for _ in external), *(r.placement for r in launched)],
+        ) as stack:
+            yield stack
+
+
+@asynccontextmanager
+async def _stack(
+    config: Config,
+    *,
+    model: str,
+    folder: Path | None,
+    prefix: str | None,
+    server_log: Path,
+    http: httpx.AsyncClient | None,
+    on_event: Callable[[Event], None] | None,
+    replicas: Sequence[str],
+    placements: Sequence[Placement | None],
+) -> AsyncIterator[PolicyStack]:
+    pcfg = config.policy
+    renderer = await anyio.to_thread.run_sync(PromptRenderer.from_model, model)
     async with (
         # With replicas, `server` is the first of them (external: awaited, never launched).
         VLLMServer(
@@ -114,7 +154,7 @@ async def policy_stack(
     ):
         client: CompletionClient | ReplicaSet
         if replicas:
-            client = ReplicaSet.from_config(session, replicas, pcfg)
+            client = ReplicaSet.from_config(session, replicas, pcfg, placements=placements)
             await watching.start(client.watch)  # brings replicas back once they answer
         else:
             client = CompletionClient.from_config(session, server.url, pcfg)
@@ -154,8 +194,11 @@ async def policy_stack(
                     renderer=renderer,
                     published=published,
                     model=model,
+                    urls=tuple(replicas) or (server.url,),
                 )
             finally:
+                if isinstance(client, ReplicaSet):
+                    log.info("policy.replicas", replicas=msgspec.to_builtins(client.statistics()))
                 if not server.managed:  # leave a shared server as we found it
                     with anyio.move_on_after(pcfg.request_timeout_s, shield=True):
                         try:

@@ -183,7 +183,7 @@ class Training:
         adapters = self._stack.adapters
         async with ray_rollout(
             self.config,
-            server_urls=self.config.cluster.replica_urls or [self._stack.server.url],
+            server_urls=self._stack.urls,
             current=lambda: adapters.current,
             on_event=self._record,
             url_overrides=self._url_overrides,

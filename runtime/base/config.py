@@ -506,6 +506,17 @@ class ClusterConfig(_Section, frozen=True):
     # version is loaded and verified on each before any request uses it; requests go to the
     # least-loaded replica; one that stops answering is taken out until healthy again.
     replica_urls: list[str] = []
+    # vLLM replicas launched as Ray actors (`runtime.replica_actors`), beside replica_urls:
+    # each serves policy.model with the [policy] settings on port replica_port + k of its
+    # node, and gets each adapter's files through Ray (no shared file system).
+    replicas: Annotated[int, msgspec.Meta(ge=0)] = 0
+    gpus_per_replica: Annotated[float, msgspec.Meta(ge=0)] = 1.0  # 0 for vLLM-CPU
+    cpus_per_replica: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    replica_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8100
+
+    def __post_init__(self) -> None:
+        if self.replicas and self.backend != "ray":
+            raise ValueError('replicas are Ray actors: they need backend = "ray"')
 
 
 class Config(_Section, frozen=True):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -19,9 +21,10 @@ from policy.adapters import MANIFEST_FILE, WEIGHTS_FILE, AdapterManager
 from policy.client import CompletionClient, VLLMPolicy
 from policy.errors import AdapterSwapError, BadRequestError, ServerUnavailableError
 from policy.prompt import PromptRenderer
-from policy.replicas import ReplicaSet
+from policy.replicas import Placement, ReplicaSet
 from runtime.base.config import PolicyConfig
 from runtime.base.messages import AdapterManifest, ChatMessage, PolicyRequest, TaskConfig
+from runtime.replica_actors import ActorPlacement, read_adapter_files, write_adapter_files
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +102,9 @@ class _Server:
         return httpx.Response(200, json={"model": model, "choices": [choice]})
 
 
-def _replica_set(*hosts: str, probe_interval_s: float = 2.0) -> tuple[ReplicaSet, list[_Server]]:
+def _replica_set(
+    *hosts: str, probe_interval_s: float = 2.0, placements: Sequence[Placement | None] = ()
+) -> tuple[ReplicaSet, list[_Server]]:
     servers = {host: _Server() for host in hosts}
 
     async def route(request: httpx.Request) -> httpx.Response:
@@ -109,7 +114,8 @@ def _replica_set(*hosts: str, probe_interval_s: float = 2.0) -> tuple[ReplicaSet
     clients = [
         CompletionClient(http, f"http://{host}", max_retries=1, backoff_s=0.0) for host in hosts
     ]
-    return ReplicaSet(clients, probe_interval_s=probe_interval_s), list(servers.values())
+    replicas = ReplicaSet(clients, placements=placements, probe_interval_s=probe_interval_s)
+    return replicas, list(servers.values())
 
 
 def _adapter(root: Path, version: int) -> Path:
@@ -369,6 +375,89 @@ async def test_a_replica_that_restarted_between_calls_is_restored_by_the_next_pr
         for first in (1, 2):
             await _ask(replicas, first, "policy@v0")
         assert (a.served, b.served) == ([(1, "policy@v0")], [(2, "policy@v0")])
+
+
+class _Lost(Exception):
+    """Stands for Ray's RayActorError."""
+
+
+class _Method:
+    def __init__(self, run: Any) -> None:
+        self._run = run
+
+    def remote(self, *args: Any) -> Any:
+        return self._run(*args)  # a coroutine: awaited as Ray's ObjectRef would be
+
+
+class _NodeActor:
+    """A `VLLMReplica` actor handle at its seam: `put_adapter` and `remove_adapter` write
+    and delete on its "node" (a folder of its own), as the actor's methods do."""
+
+    def __init__(self, node: Path) -> None:
+        self.node = node
+        self.dead = False
+        self.put_adapter = _Method(self._put)
+        self.remove_adapter = _Method(self._remove)
+
+    async def _put(self, name: str, files: dict[str, bytes]) -> str:
+        if self.dead:
+            raise _Lost("The actor died unexpectedly before finishing this task.")
+        return str(write_adapter_files(self.node, name, files))
+
+    async def _remove(self, name: str) -> None:
+        if self.dead:
+            raise _Lost("dead")
+        for file in (self.node / name).iterdir():
+            file.unlink()
+        (self.node / name).rmdir()
+
+
+async def test_a_replica_with_a_placement_loads_the_files_it_was_sent(tmp_path: Path) -> None:
+    """Replica b shares no file system: each version's files go to its node first, and it
+    loads them from there; unloading deletes them; a placement that cannot reach its
+    actor takes the replica out, and the rejoin sends the resident versions again."""
+    actor = _NodeActor(tmp_path / "node-b")
+    placement = ActorPlacement(actor, lost_errors=(_Lost,))
+    replicas, (a, b) = _replica_set("a.test", "b.test", placements=[None, placement])
+    learner = tmp_path / "learner"
+    async with AdapterManager(replicas, staleness_window=1) as manager:
+        v0 = _adapter(learner, 0)
+        await manager.publish(v0)
+        assert a.loaded == {"policy@v0": str(v0)}
+        assert b.loaded == {"policy@v0": str(actor.node / "policy@v0")}
+        assert read_adapter_files(actor.node / "policy@v0") == read_adapter_files(v0)
+        await manager.publish(_adapter(learner, 1))
+        await manager.publish(_adapter(learner, 2))  # v0 is unloaded: its copy goes too
+        assert sorted(p.name for p in actor.node.iterdir()) == ["policy@v1", "policy@v2"]
+
+        actor.dead = True
+        await manager.publish(_adapter(learner, 3))  # b cannot be sent v3: it is taken out
+        assert "replica actor unreachable" in replicas.statistics()[1].reason
+        assert sorted(a.loaded) == ["policy@v2", "policy@v3"]
+        actor.dead = False
+        b.loaded.clear()  # and its vLLM restarted meanwhile
+        assert await replicas.probe() == ["http://b.test"]
+        assert sorted(b.loaded) == ["policy@v2", "policy@v3"]
+        assert b.loaded["policy@v3"] == str(actor.node / "policy@v3")
+        await _ask(replicas, 1, "policy@v3")
+        await _ask(replicas, 2, "policy@v3")
+        assert _firsts(a) + _firsts(b) in ([1, 2], [2, 1])
+
+
+def test_adapter_files_are_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"w" * 100}
+    folder = write_adapter_files(tmp_path, "policy@v1", files)
+    assert read_adapter_files(folder) == files
+    replaced = write_adapter_files(tmp_path, "policy@v1", {"adapter_config.json": b"[]"})
+    assert read_adapter_files(replaced) == {"adapter_config.json": b"[]"}
+    for name in ("../up", "a/b", "", ".."):
+        with pytest.raises(ValueError, match="not a usable adapter name"):
+            write_adapter_files(tmp_path, name, files)
+    with pytest.raises(ValueError, match="not a usable file name"):
+        write_adapter_files(tmp_path, "policy@v2", {"../../etc/x": b""})
+    with pytest.raises(TypeError):  # a file that cannot be written: nothing is left
+        write_adapter_files(tmp_path, "policy@v3", {"a": b"x", "b": 3})  # type: ignore[dict-item]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy@v1"]
 
 
 async def test_watch_brings_a_replica_back_once_it_answers() -> None:

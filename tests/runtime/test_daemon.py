@@ -438,9 +438,9 @@ def _ray_workers(pid: int) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def two_replicas(sku_model: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Two vLLM-CPU servers of the SKU model, started as a user would start external ones
-    (the command the runtime itself would run), healthy; killed with their groups after."""
+def external_replica(sku_model: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A vLLM-CPU server of the SKU model, started as a user would start an external one
+    (the command the runtime itself would run), healthy; killed with its group after."""
     from policy.server import server_command, server_env
     from runtime.base.config import PolicyConfig
 
@@ -448,7 +448,7 @@ def two_replicas(sku_model: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     model = str(sku_model / "bc")
     procs = []
     try:
-        for name in ("a", "b"):
+        for name in ("a",):
             with (sku_model / f"replica-{name}.log").open("ab") as out:
                 procs.append(
                     subprocess.Popen(
@@ -469,7 +469,7 @@ def two_replicas(sku_model: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
                     pass
                 assert time.monotonic() - start < 600, f"replica {url} never became healthy"
                 time.sleep(1)
-        yield procs
+        yield procs[0]
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -490,21 +490,24 @@ def _replica_url(proc: subprocess.Popen[bytes]) -> str:
 
 
 def test_train_on_ray_workers_and_two_replicas_survives_kills(
-    sku_model: Path, two_replicas: list[subprocess.Popen[bytes]]
+    sku_model: Path, external_replica: subprocess.Popen[bytes]
 ) -> None:
     """cluster.backend = "ray" with two rollout-worker actors of a local Ray cluster and two
-    external vLLM-CPU replicas. After the first publish a worker is SIGKILLed: its groups
-    end `error:worker` (a Fault, never trained), their tasks run again, the actor restarts.
-    Then a replica is SIGKILLed: it is taken out, requests go to the other, and training
-    goes on to the second update."""
+    vLLM-CPU replicas: an external one, and one the daemon launches as a Ray actor, which
+    gets every adapter's files through Ray. After the first publish a worker is SIGKILLed:
+    its groups end `error:worker` (a Fault, never trained), their tasks run again, the actor
+    restarts. Then the external replica is SIGKILLed: it is taken out, requests go to the
+    actor's, and training goes on to the second update."""
     root = sku_model
     run_dir = root / "ray-run"
     config = _config(root, run_dir, port=free_port())
-    urls = ", ".join(f'"{_replica_url(p)}"' for p in two_replicas)
+    external = _replica_url(external_replica)
     config.write_text(
         config.read_text().replace("max_groups_in_flight = 1", "max_groups_in_flight = 2")
         + '[cluster]\nbackend = "ray"\nworkers = 2\ncontexts_per_worker = 4\n'
-        + f"replica_urls = [{urls}]\n"
+        + f'replica_urls = ["{external}"]\n'
+        + "replicas = 1\ngpus_per_replica = 0\ncpus_per_replica = 0.5\n"
+        + f"replica_port = {free_port()}\n"
     )
     log = root / "ray.log"
     with log.open("a") as out:
@@ -514,6 +517,7 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
         )  # fmt: skip
     killed: list[float] = []
     replica_killed_after: list[int] = []
+    replica_killed_at = 0.0
     try:
         start = time.monotonic()
         while proc.poll() is None:
@@ -529,8 +533,9 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
                 workers[0].kill()
                 killed.append(time.monotonic())
             if lost and not replica_killed_after:
-                os.killpg(two_replicas[1].pid, signal.SIGKILL)
+                os.killpg(external_replica.pid, signal.SIGKILL)
                 replica_killed_after.append(max(published))
+                replica_killed_at = time.time()
             time.sleep(0.05)
     finally:
         proc.kill()
@@ -567,8 +572,21 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
     assert len(trained) == len(set(trained)), "a group was trained twice"
     assert not {g["group_id"] for g in lost} & set(trained), "a lost group was trained"
     # The killed replica was taken out (v2 was loaded and verified on the other alone).
-    dead = _replica_url(two_replicas[1])
-    assert any(line.get("url") == dead for line in _log_lines(log, "replica.down")), dead
+    assert any(line.get("url") == external for line in _log_lines(log, "replica.down"))
+    # The actor's replica loaded every version from its own copy (sent through Ray), never
+    # from the learner's folder, and alone answered the turns after the kill; it is gone
+    # with the daemon.
+    (ready,) = _log_lines(log, "replicas.ready")
+    (actor_url,) = ready["urls"]
+    loads = [line for line in _log_lines(log, "replica.loaded") if line["url"] == actor_url]
+    assert [line["adapter"] for line in loads] == ["policy@v0", "policy@v1", "policy@v2"]
+    assert not any(line["path"].startswith(str(run_dir)) for line in loads), loads
+    turns_after = [
+        e for e in events if e["event"] == "TurnTaken" and e["at"] > replica_killed_at + 1.0
+    ]
+    assert turns_after, "no turn was answered after the external replica was killed"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{actor_url}/health", timeout=5)
     # Turns came from the workers (their events came back with their groups) and followed
     # the published versions.
     assert any(e["event"] == "TurnTaken" for e in events)
