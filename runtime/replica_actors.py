@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -70,6 +71,8 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     port: int
     # Where the actor writes adapters and its server's log ("": a temporary folder).
     work_dir: str = ""
+    # The interpreter that runs vLLM ("": the actor's own).
+    python: str = ""
 
 
 def read_adapter_files(folder: Path) -> dict[str, bytes]:
@@ -126,6 +129,7 @@ class VLLMReplica:
             policy,
             model=self.spec.model,
             log_path=self.work_dir / f"vllm-replica{self.spec.index}.log",
+            python=self.spec.python or sys.executable,
         )
         self.url = f"http://{host}:{self.spec.port}"
         with contextlib.ExitStack() as exits:

@@ -489,6 +489,12 @@ def _replica_url(proc: subprocess.Popen[bytes]) -> str:
     return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
 
 
+def _actor_url(log: Path) -> str:
+    """The URL of the daemon's one replica actor ("" until it is ready)."""
+    ready = _log_lines(log, "replicas.ready")
+    return str(ready[0]["urls"][0]) if ready else ""
+
+
 def test_train_on_ray_workers_and_two_replicas_survives_kills(
     sku_model: Path, external_replica: subprocess.Popen[bytes]
 ) -> None:
@@ -496,54 +502,64 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
     vLLM-CPU replicas: an external one, and one the daemon launches as a Ray actor, which
     gets every adapter's files through Ray. After the first publish a worker is SIGKILLed:
     its groups end `error:worker` (a Fault, never trained), their tasks run again, the actor
-    restarts. Then the external replica is SIGKILLed: it is taken out, requests go to the
-    actor's, and training goes on to the second update."""
+    restarts. Then the external replica is SIGKILLed: it is taken out, turns go to the
+    actor's, and the next version is loaded there alone. Then SIGTERM: a drained exit 0.
+
+    (Not the actor replica's vLLM: started again beside a busy vLLM-CPU on this 2-core
+    machine it took 6 minutes; its restart is tested in test_replica_actors.py.)"""
     root = sku_model
     run_dir = root / "ray-run"
     config = _config(root, run_dir, port=free_port())
     external = _replica_url(external_replica)
+    replica_port = free_port()
     config.write_text(
         config.read_text().replace("max_groups_in_flight = 1", "max_groups_in_flight = 2")
         + '[cluster]\nbackend = "ray"\nworkers = 2\ncontexts_per_worker = 4\n'
         + f'replica_urls = ["{external}"]\n'
         + "replicas = 1\ngpus_per_replica = 0\ncpus_per_replica = 0.5\n"
-        + f"replica_port = {free_port()}\n"
+        + f"replica_port = {replica_port}\n"
     )
     log = root / "ray.log"
     with log.open("a") as out:
         proc = subprocess.Popen(
-            [*WEBAGENT, "train", "--config", str(config), "--max-updates", "2"],
+            [*WEBAGENT, "train", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
     killed: list[float] = []
-    replica_killed_after: list[int] = []
-    replica_killed_at = 0.0
+    replica_killed: list[tuple[float, int]] = []  # (time.time(), the newest version then)
+    roots: dict[str, str] = {}  # adapter -> the folder the actor's vLLM loaded it from
     try:
         start = time.monotonic()
         while proc.poll() is None:
             assert time.monotonic() - start < 600, log.read_text()[-4000:]
             events = _events(run_dir)
             published = [e["version"] for e in events if e["event"] == "AdapterPublished"]
-            lost = any(e["event"] == "Fault" and e["kind"] == "worker" for e in events)
+            lost_one = any(e["event"] == "Fault" and e["kind"] == "worker" for e in events)
             workers = _ray_workers(proc.pid)
             # Killed again every 10 s (it may have had no group at that moment) until a
             # group is lost with it.
             due = not killed or time.monotonic() - killed[-1] > 10
-            if 1 in published and not lost and due and len(workers) == 2 and len(killed) < 5:
+            if 1 in published and not lost_one and due and len(workers) == 2 and len(killed) < 5:
                 workers[0].kill()
                 killed.append(time.monotonic())
-            if lost and not replica_killed_after:
+            if lost_one and not replica_killed:
                 os.killpg(external_replica.pid, signal.SIGKILL)
-                replica_killed_after.append(max(published))
-                replica_killed_at = time.time()
+                replica_killed.append((time.time(), max(published)))
+            if replica_killed and max(published) > replica_killed[0][1] and not roots:
+                # The next version went to the actor's replica alone. What its vLLM says it
+                # loaded each version from; then a graceful stop.
+                listing = httpx.get(f"{_actor_url(log)}/v1/models", timeout=10).json()["data"]
+                roots = {m["id"]: m["root"] for m in listing if m["id"].startswith("policy@")}
+                proc.send_signal(signal.SIGTERM)
             time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait(timeout=30)
     assert proc.returncode == 0, log.read_text()[-4000:]
-    assert killed and replica_killed_after == [1], "the run ended before the kills"
+    assert killed and replica_killed and roots, "the run ended before the kills"
     events = _events(run_dir)
-    assert [e["version"] for e in events if e["event"] == "AdapterPublished"] == [0, 1, 2]
+    published = [e["version"] for e in events if e["event"] == "AdapterPublished"]
+    assert published == list(range(len(published))) and len(published) >= 3, published
     faults = [e for e in events if e["event"] == "Fault" and e["kind"] == "worker"]
     assert faults, "no Fault for the killed worker"
     groups = [
@@ -551,57 +567,48 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
     ]
     lost = [g for g in groups if all(t["status"] == "error:worker" for t in g["trajectories"])]
     assert len(lost) == len(faults)
-    # Each lost group's task was the next one drawn, and that group ran (a run that stops
-    # before a slot opens draws nothing more).
+    # Each lost group's task was the next one drawn, and that group ran.
     scheduled = _log_lines(log, "scheduler.again", "scheduler.group_started")
-    rerun = 0
     for group in lost:
         (put_back,) = [i for i, x in enumerate(scheduled) if x.get("group_id") == group["group_id"]]
         drawn = [x for x in scheduled[put_back + 1 :] if x["event"] == "scheduler.group_started"]
-        if not drawn:
-            continue
-        assert drawn[0]["task_id"] == group["task_id"], (group["task_id"], drawn[0])
+        assert drawn and drawn[0]["task_id"] == group["task_id"], (group["task_id"], drawn[:1])
         later = [
             g
             for g in groups
             if g["task_id"] == group["task_id"] and g["created_at"] > group["created_at"]
         ]
         assert any(t["status"] != "error:worker" for g in later for t in g["trajectories"]), group
-        rerun += 1
     trained = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
     assert len(trained) == len(set(trained)), "a group was trained twice"
     assert not {g["group_id"] for g in lost} & set(trained), "a lost group was trained"
-    # The killed replica was taken out (v2 was loaded and verified on the other alone).
-    assert any(line.get("url") == external for line in _log_lines(log, "replica.down"))
-    # The actor's replica loaded every version from its own copy (sent through Ray), never
-    # from the learner's folder, and alone answered the turns after the kill; it is gone
-    # with the daemon.
-    (ready,) = _log_lines(log, "replicas.ready")
-    (actor_url,) = ready["urls"]
-    loads = [line for line in _log_lines(log, "replica.loaded") if line["url"] == actor_url]
-    assert [line["adapter"] for line in loads] == ["policy@v0", "policy@v1", "policy@v2"]
-    assert not any(line["path"].startswith(str(run_dir)) for line in loads), loads
-    turns_after = [
-        e for e in events if e["event"] == "TurnTaken" and e["at"] > replica_killed_at + 1.0
-    ]
+    # The external replica was taken out; the actor's answered the turns after the kill. It
+    # loaded every version from its own copy (sent through Ray), never from the learner's
+    # folder, and is gone with the daemon.
+    assert any(line["url"] == external for line in _log_lines(log, "replica.down"))
+    url = _actor_url(log)
+    killed_at, _ = replica_killed[0]
+    turns_after = [e for e in events if e["event"] == "TurnTaken" and e["at"] > killed_at + 1.0]
     assert turns_after, "no turn was answered after the external replica was killed"
+    loads = [line for line in _log_lines(log, "replica.loaded") if line["url"] == url]
+    assert [line["adapter"] for line in loads] == [f"policy@v{v}" for v in published]
+    assert not any(line["path"].startswith(str(run_dir)) for line in loads), loads
+    assert roots and not any(root.startswith(str(run_dir)) for root in roots.values()), roots
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"{actor_url}/health", timeout=5)
+        httpx.get(f"{url}/health", timeout=5)
     # Turns came from the workers (their events came back with their groups) and followed
     # the published versions.
-    assert any(e["event"] == "TurnTaken" for e in events)
     versions_used = {
         turn["adapter_version"] for g in groups for t in g["trajectories"] for turn in t["turns"]
     }
     assert 1 in versions_used, versions_used
-    # Recovery, as the daemon logged it: the first lost group to the worker answering again.
+    # Recovery, as the daemon logged it.
     first_lost = _log_lines(log, "worker.lost_group")[0]["timestamp"]
     restarted = _log_lines(log, "worker.restarted")
     assert restarted, "the killed worker never came back"
     print(
-        f"ray: worker kills {len(killed)}, groups lost {len(lost)} (run again {rerun}), "
-        f"groups {len(groups)}, "
-        f"trained {len(trained)}, versions used {sorted(versions_used)}, worker back "
+        f"ray: worker kills {len(killed)}, groups lost {len(lost)}, groups {len(groups)}, "
+        f"trained {len(trained)}, versions {published}, worker back "
         f"{_seconds(first_lost, restarted[0]['timestamp']):.1f} s after its first lost group"
     )
     assert not _ray_workers(proc.pid), "rollout workers left running"

