@@ -55,7 +55,7 @@ from runtime.episode import EpisodeSettings, Gate
 from runtime.observation import TokenCounter, estimate_tokens
 from runtime.oracle import OraclePolicy
 from runtime.protocols import Policy
-from runtime.ray_session import import_ray, ray_session
+from runtime.ray_session import close_actors, import_ray, ray_session
 from runtime.rollout import WORKER_LOST, Rollout, RolloutStatistics
 from runtime.webarena_environment import open_environment
 from sites.judge import HttpJudge
@@ -484,9 +484,4 @@ async def _workers(
         log.info("cluster.ready", workers=len(workers), pids=pids, address=cluster.address)
         yield workers
     finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(60):
-            for worker in workers:
-                with contextlib.suppress(Exception):
-                    await worker.close.remote()
-        for worker in workers:
-            ray.kill(worker, no_restart=True)
+        await close_actors(ray, workers)

@@ -10,16 +10,19 @@ stack and its rollout can both enter it. Ray is optional (`pip install
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+
 from runtime.base.config import Config, ConfigError
 
-__all__ = ["import_ray", "ray_session"]
+__all__ = ["close_actors", "import_ray", "ray_session"]
 
 
 def import_ray() -> Any:
@@ -69,3 +72,15 @@ async def ray_session(config: Config) -> AsyncIterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+async def close_actors(ray: Any, actors: Sequence[Any], *, timeout_s: float = 60.0) -> None:
+    """Ask each actor to `close()` (within `timeout_s` in all, even when cancelled), then
+    kill it for good: what it started is stopped, and Ray does not restart it."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s):
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                await actor.close.remote()
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)

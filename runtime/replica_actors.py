@@ -44,7 +44,7 @@ from anyio.from_thread import start_blocking_portal
 from policy.errors import PolicyError, ServerUnavailableError
 from policy.server import VLLMServer
 from runtime.base.config import Config, PolicyConfig
-from runtime.ray_session import import_ray
+from runtime.ray_session import close_actors, import_ray
 
 __all__ = [
     "ActorPlacement",
@@ -274,10 +274,4 @@ async def launch_replicas(
             for url, a in zip(urls, actors, strict=True)
         ]
     finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(60):
-            for a in actors:
-                with contextlib.suppress(Exception):
-                    await a.close.remote()
-        for a in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(a, no_restart=True)
+        await close_actors(ray, actors)
