@@ -127,10 +127,14 @@ class DataParallel:
         init_method: str,
         device: str,
         local_rank: int | None = None,
+        timeout_s: float | None = None,
     ) -> DataParallel:
         """Join the default process group: NCCL when `device` is "cuda" (on GPU
         `local_rank`, by default `rank` modulo the GPUs this process sees), else gloo.
-        `init_method`: "tcp://host:port" of rank 0, or "env://" (torchrun's variables)."""
+        `init_method`: "tcp://host:port" of rank 0, or "env://" (torchrun's variables).
+        `timeout_s`: how long a collective may wait (torch's default when None)."""
+        import datetime
+
         import torch
         import torch.distributed as dist
 
@@ -140,7 +144,10 @@ class DataParallel:
             backend = "nccl"
         else:
             backend = "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
         return cls(rank=rank, world_size=world_size)
 
     def close(self) -> None:

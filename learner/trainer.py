@@ -46,9 +46,10 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from learner.batch import Decode
-from learner.checkpoint import ConsumedJournal, Ledger, prune_adapters
+from learner.checkpoint import ConsumedJournal, LearnerState, Ledger, prune_adapters
 from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
+from learner.ranks import Ranks
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import (
     EVALUATED_STATUSES,
@@ -117,6 +118,7 @@ class Learner:
             decode=decode,
             temperature=temperature,
         )
+        self._ranks = Ranks(self._engine) if config.data_parallel > 1 else None
         self._publish = publish
         self._emit = emit
         self._read_groups = read_groups
@@ -152,6 +154,11 @@ class Learner:
         start: `run` has resumed the journal and the checkpoint)."""
         return group_id in self._seen
 
+    @property
+    def ranks(self) -> Ranks | None:
+        """The other data-parallel ranks (`learner.data_parallel` > 1), else None."""
+        return self._ranks
+
     def hold(self) -> None:
         """Start no further update (one in progress finishes); keep journaling groups."""
         self._held = True
@@ -185,27 +192,49 @@ class Learner:
         task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Resume, publish the current version, then train until `groups` closes."""
-        async with groups:
-            state = await self._in_thread(self._engine.open)
-            self._seen = state.ledger.handled()
-            await self._requeue(state.ledger)
-            path = self._engine.adapter_path(state.version)
-            await self._publish(path)
-            await self._send(
-                AdapterPublished(
-                    at=time.time(), version=state.version, name=path.name, path=str(path)
-                )
-            )
-            log.info(
-                "learner.started", version=state.version, step=state.step, resumed=self._resumed
-            )
-            task_status.started(state.version)
-            while self._batch_ready():
+        try:
+            async with groups:
+                await self._run(groups, task_status)
+        finally:
+            if self._ranks is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._ranks.close, limiter=self._limiter)
+
+    def _open(self) -> LearnerState:
+        """Start the other data-parallel ranks (if any), then open the engine."""
+        if self._ranks is not None:
+            self._engine.data_parallel = self._ranks.start()
+        return self._engine.open()
+
+    def _train(self, batch: Sequence[TrajectoryGroup], set_aside: Ledger) -> UpdateResult:
+        """One update; with data-parallel ranks, they get the batch first."""
+        if self._ranks is None:
+            return self._engine.update(batch, set_aside)
+        self._ranks.send(batch, set_aside)
+        try:
+            return self._engine.update(batch, set_aside)
+        except RuntimeError as exc:  # a collective that failed or timed out
+            raise self._ranks.check(exc) from exc
+
+    async def _run(
+        self, groups: MemoryObjectReceiveStream[TrajectoryGroup], task_status: TaskStatus[int]
+    ) -> None:
+        state = await self._in_thread(self._open)
+        self._seen = state.ledger.handled()
+        await self._requeue(state.ledger)
+        path = self._engine.adapter_path(state.version)
+        await self._publish(path)
+        await self._send(
+            AdapterPublished(at=time.time(), version=state.version, name=path.name, path=str(path))
+        )
+        log.info("learner.started", version=state.version, step=state.step, resumed=self._resumed)
+        task_status.started(state.version)
+        while self._batch_ready():
+            await self._update()
+        async for group in groups:
+            await self._take(group)
+            if self._batch_ready():
                 await self._update()
-            async for group in groups:
-                await self._take(group)
-                if self._batch_ready():
-                    await self._update()
 
     def _batch_ready(self) -> bool:
         return not self._held and len(self._queue) >= self.config.batch_groups
@@ -305,9 +334,7 @@ class Learner:
         log.debug("learner.update_started", version=self.version, groups=len(batch))
         self._updating = True
         try:
-            result: UpdateResult = await self._in_thread(
-                lambda: self._engine.update(batch, set_aside)
-            )
+            result: UpdateResult = await self._in_thread(lambda: self._train(batch, set_aside))
         finally:
             self._updating = False
         del self._queue[: len(batch)]

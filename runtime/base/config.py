@@ -300,6 +300,11 @@ class LearnerConfig(_Section, frozen=True):
 
     enabled: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Data-parallel ranks on this host (learner.ranks): rank 0 is this process, ranks
+    # 1..N-1 processes of their own; gloo on the CPU, NCCL on GPUs (rank k on GPU k).
+    data_parallel: Positive = 1
+    # A collective that waits longer than this fails the update (a rank that died).
+    data_parallel_timeout_s: PositiveFloat = 600.0
     # 0 freezes the adapter (a control run: updates, publishing and checkpoints still run).
     # SmolLM2's top-10 LoRA from BC, 2 optimizer steps an update: at 1e-3 an update moved
     # the policy by approx KL 1.4-1.8e-3 with 0.4-0.6% of tokens clipped (4 updates,
