@@ -13,10 +13,10 @@ processes of their own (`python -m learner.ranks`), started by rank 0.
 `learner.data_parallel = N` turns it on; with 1 (the default) nothing here runs. gloo on
 the CPU, NCCL on GPUs (rank k on GPU k of the host). Every collective has
 `learner.data_parallel_timeout_s`: a rank that died makes rank 0's next update fail with
-`TrainingError` (naming the rank and its exit code) instead of waiting for ever, and the
-daemon stops with that error; the checkpoint is the last one written, nothing is
-half-written. A rank whose rank 0 is gone (SIGKILLed) exits within a second. The ranks
-resume the same state from the one learner folder.
+`TrainingError` (naming the rank and its exit code), as any failed update does, instead of
+waiting for ever; the checkpoint is the last one written, nothing is half-written. A rank
+whose rank 0 is gone (SIGKILLed) exits by itself: it checks every second (3.4 s after a
+SIGKILLed daemon, measured). The ranks resume the same state from the one learner folder.
 """
 
 from __future__ import annotations
