@@ -29,7 +29,6 @@ import os
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from anyio.from_thread import start_blocking_portal
 from policy.errors import PolicyError, ServerUnavailableError
 from policy.server import VLLMServer
 from runtime.base.config import Config, PolicyConfig
+from runtime.base.files import write_folder
 from runtime.ray_session import close_actors, import_ray
 
 __all__ = [
@@ -83,31 +83,25 @@ def read_adapter_files(folder: Path) -> dict[str, bytes]:
     return files
 
 
+def _usable(name: str) -> bool:
+    """A name that stays one entry of its folder (no separator, not `.` or `..`)."""
+    return bool(name) and name not in {".", ".."} and not any(c in name for c in "/\\\0")
+
+
 def write_adapter_files(root: Path, name: str, files: Mapping[str, bytes]) -> Path:
-    """Write an adapter under `root/name` whole or not at all (a temporary folder renamed
-    into place); a folder already there is replaced. Returns its path."""
-    if not name or name in {".", ".."} or "/" in name or "\\" in name or "\0" in name:
+    """Write an adapter under `root/name` whole or not at all (`write_folder`: a temporary
+    folder renamed into place); a folder already there is replaced. Returns its path."""
+    if not _usable(name):
         raise ValueError(f"not a usable adapter name: {name!r}")
     for file in files:
-        if not file or file in {".", ".."} or "/" in file or "\\" in file or "\0" in file:
+        if not _usable(file):
             raise ValueError(f"adapter {name}: not a usable file name: {file!r}")
-    root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-    staging.mkdir()
-    try:
+
+    def fill(folder: Path) -> None:
         for file, data in files.items():
-            with (staging / file).open("wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        target = root / name
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+            (folder / file).write_bytes(data)
+
+    return write_folder(root / name, fill, replace=True)
 
 
 class VLLMReplica:
