@@ -189,6 +189,7 @@ curriculum = "{settings["curriculum"]}"
 [learner]
 batch_groups = {settings["batch_groups"]}
 optimizer_steps = {settings["optimizer_steps"]}
+minibatches = {settings["minibatches"]}
 learning_rate = {settings["lr"]}
 torch_threads = {settings["threads"]}
 seed = {settings["seed"]}
@@ -584,7 +585,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
     add("--optimizer-steps", type=int, default=defaults.learner.optimizer_steps,
-        help="per update (1: ratio == 1, no clip/KL)")  # fmt: skip
+        help="passes over each batch (1 pass, 1 minibatch: ratio == 1, no clip)")  # fmt: skip
+    add("--minibatches", type=int, default=defaults.learner.minibatches,
+        help="optimizer steps a pass (each on its share of the turns)")  # fmt: skip
     add("--threads", type=int, default=defaults.learner.torch_threads,
         help="torch threads of the RL learner")  # fmt: skip
     add("--bc-threads", type=int, default=0, help="torch threads of BC (0: one per core)")
@@ -633,7 +636,8 @@ class _Experiment:
         settings = {
             "group_size": args.group_size, "groups_in_flight": args.groups_in_flight,
             "batch_groups": args.batch_groups, "train_max_turns": args.train_max_turns,
-            "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps, "threads": args.threads,
+            "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps,
+            "minibatches": args.minibatches, "threads": args.threads,
             "seed": args.seed, "temperature": args.rl_temperature, "curriculum": args.curriculum,
             "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip

@@ -37,6 +37,7 @@ __all__ = [
     "build_samples",
     "collate",
     "micro_batches",
+    "minibatch_shares",
     "policy_logprobs",
     "think_mask",
 ]
@@ -212,6 +213,17 @@ def micro_batches(samples: Sequence[TurnSample], token_budget: int) -> list[list
     if current:
         out.append(current)
     return out
+
+
+def minibatch_shares(count: int, shares: int) -> list[list[int]]:
+    """Micro-batch indices 0..count-1 dealt round-robin into max(1, `shares`) minibatches.
+
+    `micro_batches` sorts longest first, so dealing in turn gives each share about the
+    same tokens. A share may be empty (fewer micro-batches than shares on this rank): its
+    optimizer step then sees no gradient from this rank.
+    """
+    n = max(1, shares)
+    return [list(range(i, count, n)) for i in range(n)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,10 @@ One update (`Engine.update`):
    policy's own, so an update costs one forward+backward per micro-batch), or recomputed
    by the learner before any step (`recompute_logprobs`; eval mode, no grad);
 3. reference log-probs with the adapter disabled (the base model), only when kl_beta > 0;
-4. `optimizer_steps` times: zero grads, forward/backward every micro-batch (the loss is a
-   token sum, so gradients accumulate to the exact full-batch gradient), clip the grad
-   norm, AdamW step, lr schedule step;
+4. `optimizer_steps` passes, each of `minibatches` optimizer steps (one: the whole batch):
+   zero grads, forward/backward every micro-batch of the step's share (the loss is a
+   token sum, so gradients accumulate to the exact gradient of the share; a share's is
+   scaled by the number of shares), clip the grad norm, AdamW step, lr schedule step;
 5. version += 1: save the adapter atomically, then the checkpoint (learner.checkpoint).
 
 Data parallelism (optional, `data_parallel`: a `learner.distributed.DataParallel`): every
@@ -47,7 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from learner.batch import Decode, MicroBatch, build_samples, collate, micro_batches, policy_logprobs
+import structlog
+
+from learner.batch import (
+    Decode,
+    MicroBatch,
+    build_samples,
+    collate,
+    micro_batches,
+    minibatch_shares,
+    policy_logprobs,
+)
 from learner.checkpoint import (
     LearnerState,
     Ledger,
@@ -64,6 +75,8 @@ from runtime.base.messages import TrajectoryGroup
 
 if TYPE_CHECKING:
     from learner.distributed import DataParallel
+
+log = structlog.get_logger("learner.engine")
 
 __all__ = [
     "Engine",
@@ -105,21 +118,49 @@ def compute_autocast(setting: str, device: str) -> AbstractContextManager[Any]:
 @functools.cache
 def cpu_bfloat16_faster() -> bool:
     """Whether bfloat16 autocast runs a transformer MLP's forward+backward (1,024 tokens,
-    SmolLM2's widths) at least 1.1x faster than float32 on this CPU: timed once per process,
-    about 0.5 s. CPU flags do not tell: with AVX512-BF16 and no AMX, BC of SmolLM2 ran 1.7x
-    faster in bfloat16 on a Zen 4 and 1.6x slower on a Xeon (437 against 271 trained
-    tokens/s in float32 and bfloat16; this block 44 against 72 ms). Without oneDNN's
-    bfloat16 kernels it is not timed: emulated bfloat16 is slower."""
+    SmolLM2's widths) at least `BF16_MIN_SPEEDUP` faster than float32 on this CPU: timed
+    once per process, about 1 s, and logged (`learner.compute_dtype`). CPU flags do not
+    tell: with AVX512-BF16 and no AMX, BC of SmolLM2 ran 1.7x faster in bfloat16 on a Zen 4
+    and 1.6x slower on a Xeon (437 against 271 trained tokens/s in float32 and bfloat16;
+    this block 44 against 72 ms). Without oneDNN's bfloat16 kernels it is not timed:
+    emulated bfloat16 is slower."""
     import torch
 
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
     # The first call may come from inside a no-grad or inference block (an evaluation).
     with torch.inference_mode(False), torch.enable_grad():
-        return _time_bfloat16()
+        pairs = _time_bfloat16()
+    speedup = bfloat16_speedup(pairs)
+    faster = speedup >= BF16_MIN_SPEEDUP
+    log.info(
+        "learner.compute_dtype",
+        bfloat16=faster,
+        speedup=round(speedup, 2),
+        pairs_ms=[(round(b * 1e3), round(f * 1e3)) for b, f in pairs],
+    )
+    return faster
 
 
-def _time_bfloat16() -> bool:
+BF16_MIN_SPEEDUP = 1.1
+
+
+def bfloat16_speedup(pairs: Sequence[tuple[float, float]]) -> float:
+    """float32 time over bfloat16 time, the median over back-to-back (bfloat16, float32)
+    timings. On a shared CPU the load changes from one run to the next: each pair sees
+    about the same load, and the median ignores the pairs a change fell into. (The best
+    of 3 of each, taken apart, flipped between True and False on a Zen 4 running
+    rollouts, where the median of 9 pairs said 1.2-1.5x.)"""
+    if not pairs:
+        raise ValueError("no timings")
+    ratios = sorted(f32 / bf16 for bf16, f32 in pairs)
+    middle = len(ratios) // 2
+    if len(ratios) % 2:
+        return ratios[middle]
+    return (ratios[middle - 1] + ratios[middle]) / 2
+
+
+def _time_bfloat16(pairs: int = 7) -> list[tuple[float, float]]:
     import torch
     import torch.nn.functional as F
 
@@ -128,18 +169,15 @@ def _time_bfloat16() -> bool:
     up = torch.randn(1536, 576, generator=generator, requires_grad=True)
     down = torch.randn(576, 1536, generator=generator, requires_grad=True)
 
-    def best_s(bf16: bool, reps: int) -> float:
-        best = math.inf
-        for _ in range(reps):
-            began = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                y = F.linear(F.silu(F.linear(x, up)), down)
-            y.float().square().mean().backward()  # type: ignore[no-untyped-call]
-            best = min(best, time.perf_counter() - began)
-        return best
+    def seconds(bf16: bool) -> float:
+        began = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = F.linear(F.silu(F.linear(x, up)), down)
+        y.float().square().mean().backward()  # type: ignore[no-untyped-call]
+        return time.perf_counter() - began
 
-    best_s(True, 1), best_s(False, 1)  # first calls pick and cache kernels
-    return best_s(True, 3) * 1.1 <= best_s(False, 3)
+    seconds(True), seconds(False)  # first calls pick and cache kernels
+    return [(seconds(True), seconds(False)) for _ in range(pairs)]
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -370,34 +408,41 @@ class Engine:
         sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "ratio_mean", "ref_kl"), 0.0)
         grad_norm = 0.0
         params = [p for p in model.parameters() if p.requires_grad]
+        # Every rank cuts the same number of shares (collectives once a step on each).
+        shares = minibatch_shares(len(mine), min(cfg.minibatches, len(cut)))
         for _ in range(cfg.optimizer_steps):
-            self._optimizer.zero_grad(set_to_none=True)
-            for mb, old_lp, ref_lp in zip(batches, old, ref, strict=True):
-                with self._autocast():
-                    logp = policy_logprobs(model, mb, temperature=self.temperature)
-                parts = mgrpo_loss(
-                    logp,
-                    old_lp,
-                    mb.advantages,
-                    mb.weights,
-                    eps_low=cfg.clip_eps_low,
-                    eps_high=cfg.clip_eps_high,
-                    beta=cfg.kl_beta,
-                    logp_ref=ref_lp,
-                )
-                parts.loss.backward()  # type: ignore[no-untyped-call]
-                for key in sums:
-                    sums[key] += float(getattr(parts, key).item())
-            if dp is not None:
-                dp.all_reduce_gradients(params)
-            grad_norm += float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item())
-            self._optimizer.step()
-            self._scheduler.step()
+            for share in shares:
+                self._optimizer.zero_grad(set_to_none=True)
+                for i in share:
+                    with self._autocast():
+                        logp = policy_logprobs(model, batches[i], temperature=self.temperature)
+                    parts = mgrpo_loss(
+                        logp,
+                        old[i],
+                        batches[i].advantages,
+                        batches[i].weights,
+                        eps_low=cfg.clip_eps_low,
+                        eps_high=cfg.clip_eps_high,
+                        beta=cfg.kl_beta,
+                        logp_ref=ref[i],
+                    )
+                    # A share holds ~1/len(shares) of the batch's weight: its step keeps
+                    # the full batch's scale.
+                    (parts.loss * len(shares)).backward()  # type: ignore[no-untyped-call]
+                    for key in sums:
+                        sums[key] += float(getattr(parts, key).item())
+                if dp is not None:
+                    dp.all_reduce_gradients(params)
+                grad_norm += float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item())
+                self._optimizer.step()
+                self._scheduler.step()
         model.eval()
         if dp is not None:
             sums = dict(zip(sums, dp.all_reduce_sums(sums.values()), strict=True))
-        steps = cfg.optimizer_steps
-        metrics = {key: value / steps for key, value in sums.items()}
+        passes = cfg.optimizer_steps
+        steps = passes * len(shares)
+        # The sums cover every micro-batch once a pass: a pass's mean is the batch's value.
+        metrics = {key: value / passes for key, value in sums.items()}
         rewards = [t.reward for g in groups for t in g.trajectories]
         metrics.update(
             grad_norm=grad_norm / steps,

@@ -316,8 +316,14 @@ class LearnerConfig(_Section, frozen=True):
     total_steps: NonNegative = 0
     # Groups with mixed rewards an update trains on (the others are set aside).
     batch_groups: Positive = 2
-    # Optimizer steps over each batch: the second is where the PPO ratio and clip act.
+    # Passes over each batch (PPO's epochs); each pass is `minibatches` optimizer steps.
+    # From the second step on, the PPO ratio and clip act.
     optimizer_steps: Positive = 2
+    # Each pass over the batch split into this many optimizer steps, each on its own share
+    # of the turns (PPO's minibatches; a share's loss is scaled by their number, so a step
+    # has the full batch's scale). An update costs `optimizer_steps` forward+backward
+    # passes over the batch's tokens, whatever this is.
+    minibatches: Positive = 1
     # Padded tokens a forward+backward holds at once (gradients accumulate over them). On
     # SmolLM2-135M (top-10 LoRA, 16 turns of ~790 tokens, bfloat16 on an AMX Xeon, 1 thread,
     # `python -m bench.learner_memory`): 4,096 peaked at 3.54 GiB (glibc malloc) in 36.7 s

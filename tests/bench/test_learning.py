@@ -87,6 +87,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
         "train_max_turns": 10,
         "lr": 3e-4,
         "optimizer_steps": 2,
+        "minibatches": 3,
         "threads": 1,
         "seed": 0,
         "max_updates": 0,
@@ -103,7 +104,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.policy.model == str(tmp_path / "bc")
     assert config.scheduler.group_size == 4 and config.scheduler.max_episodes_in_flight == 8
     assert config.learner.learning_rate == pytest.approx(3e-4)
-    assert config.learner.optimizer_steps == 2
+    assert config.learner.optimizer_steps == 2 and config.learner.minibatches == 3
     assert config.policy.temperature == 0.5  # the rollouts' and so the learner's
     assert config.policy.cpu_threads == 2
     assert config.scheduler.curriculum == "signal"

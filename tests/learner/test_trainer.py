@@ -216,6 +216,51 @@ def test_gradient_checkpointing_trains_the_same_adapter(
         torch.testing.assert_close(weights[True][key], value, rtol=0, atol=1e-6)
 
 
+def test_minibatches_split_a_pass_into_steps_whose_mean_gradient_is_the_batchs(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    """At lr 0 (every step sees the same weights), the scaled gradients of a pass's two
+    minibatch steps average to the one full-batch step's gradient; the loss is the same."""
+    from learner.checkpoint import Ledger
+    from learner.engine import Engine
+
+    groups = [group(make_group, 1, "a", [1, 0, 1], 0), group(make_group, 2, "b", [0, 1], 0)]
+    grads: dict[int, list[list[torch.Tensor]]] = {}
+    results = {}
+    for shares in (1, 2):
+        cfg = msgspec.structs.replace(
+            CONFIG, learning_rate=0.0, grad_clip=1e9, minibatches=shares, micro_batch_tokens=32
+        )
+        engine = Engine(cfg, base_model=tiny_model_dir, out_dir=tmp_path / str(shares))
+        engine.open()
+        params = [p for p in engine._model.parameters() if p.requires_grad]
+        seen: list[list[torch.Tensor]] = []
+
+        def record(*_: Any, _seen: Any = seen, _params: Any = params) -> None:
+            _seen.append([p.grad.clone() for p in _params])
+
+        engine._optimizer.register_step_pre_hook(record)
+        results[shares] = engine.update(groups, Ledger())
+        grads[shares] = seen
+    assert len(grads[1]) == 1 and len(grads[2]) == 2
+    assert results[1].step == 1 and results[2].step == 2
+    assert results[2].metrics["micro_batches"] >= 2
+    loss = results[1].metrics["loss"]
+    assert results[2].metrics["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7)
+    # (LoRA's A matrices get no gradient while B is still zero.)
+    assert any(not torch.equal(a, b) for a, b in zip(*grads[2], strict=True))
+    for whole, first, second in zip(grads[1][0], *grads[2], strict=True):
+        torch.testing.assert_close((first + second) / 2, whole, rtol=1e-4, atol=1e-7)
+
+
+def test_minibatch_shares_deal_every_micro_batch_once() -> None:
+    from learner.batch import minibatch_shares
+
+    assert minibatch_shares(5, 2) == [[0, 2, 4], [1, 3]]
+    assert minibatch_shares(1, 3) == [[0], [], []]
+    assert minibatch_shares(3, 0) == [[0, 1, 2]]
+
+
 @pytest.mark.anyio
 async def test_server_logprobs_and_kl_options(
     tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
