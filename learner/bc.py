@@ -30,8 +30,9 @@ exactly the demonstrated action and stop. Scored on a fixed, seeded subset of tu
 Modes: full fine-tuning (tiny models), or LoRA merged into the weights at the end (large
 models); "auto" picks full up to `BCConfig.full_max_params`. The result is a full model
 folder (`save_pretrained` + the base's tokenizer files), written atomically, that vLLM
-serves and `learner.trainer` starts from. Stops at `max_steps`, `max_minutes`, held-out
-`target_accuracy`, or held-out `target_success` when an episode evaluator is given.
+serves and `learner.trainer` starts from. Stops at `max_steps`, `max_minutes` (the final
+evaluation included, `another_step_fits`), held-out `target_accuracy`, or held-out
+`target_success` when an episode evaluator is given.
 With `bc.snapshot_minutes`, the model as it was at each of those wall minutes (evaluated
 there, LoRA merged into a copy) is also written beside `out`, as `<out>-<M>m`: one run
 gives the closed-loop curve of BC minutes (`bench.recipe`).
@@ -69,6 +70,7 @@ __all__ = [
     "BCExample",
     "BCProgress",
     "BCReport",
+    "another_step_fits",
     "behaviour_clone",
     "demo_examples",
     "read_demos",
@@ -119,6 +121,19 @@ class BCProgress(msgspec.Struct, frozen=True, kw_only=True):
     heldout_accuracy: float  # at the last evaluation (nan before the first)
     elapsed_s: float
     left_s: float | None  # by max_minutes or max_steps, whichever ends first
+
+
+def another_step_fits(
+    *, elapsed_s: float, budget_s: float, step_s: float, final_eval_s: float
+) -> bool:
+    """Whether one more step and the evaluation that ends the run still fit in `budget_s`.
+
+    `bc.max_minutes` bounds the whole run, its final evaluation included: the bootstrap's
+    BC is the stage before rollouts, and an evaluation (2 x `eval_examples` turns) takes
+    1.5-2 minutes on 2 cores. Before the first evaluation its cost is unknown (0 here), so
+    a run whose only evaluation is its last one ends that much past the budget.
+    """
+    return elapsed_s + step_s + final_eval_s <= budget_s
 
 
 def _progress(
@@ -467,7 +482,11 @@ def _train(
     window: list[float] = []
     stop_reason = ""
 
+    eval_s = 0.0  # how long the latest evaluation took (the final one costs about as much)
+
     def evaluate() -> BCEval:
+        nonlocal eval_s
+        tick = time.monotonic()
         success = None if evaluate_success is None else float(evaluate_success(model.eval()))
         budget = config.micro_batch_tokens
         train_scores = _accuracy(model, train_eval, budget, pad_id, device, autocast=autocast)
@@ -489,7 +508,8 @@ def _train(
         )
         window.clear()
         history.append(point)
-        log.info("bc.eval", **msgspec.structs.asdict(point))
+        eval_s = time.monotonic() - tick
+        log.info("bc.eval", eval_s=round(eval_s, 1), **msgspec.structs.asdict(point))
         return point
 
     snapshots = sorted(config.snapshot_minutes)  # each > 0 (PositiveFloat)
@@ -538,7 +558,12 @@ def _train(
         if config.max_steps and step >= config.max_steps:
             stop_reason = "max_steps"
             break
-        if config.max_minutes and time.monotonic() - started >= 60 * config.max_minutes:
+        if config.max_minutes and not another_step_fits(
+            elapsed_s=time.monotonic() - started,
+            budget_s=60 * config.max_minutes,
+            step_s=train_s / step if step else 0.0,
+            final_eval_s=eval_s,
+        ):
             stop_reason = "max_minutes"
             break
         if len(order) < config.batch_size:

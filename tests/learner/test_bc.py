@@ -14,6 +14,7 @@ from learner.batch import think_mask
 from learner.bc import (
     BCExample,
     _accuracy,
+    another_step_fits,
     behaviour_clone,
     demo_examples,
     read_demos,
@@ -202,6 +203,20 @@ def test_bc_needs_a_bound_and_a_free_target(
             command_task.demos(1, 1.0, 0), base_model=command_model_dir, out=tmp_path / "taken",
             config=BCConfig(prompt_loss=TINY_PROMPT_LOSS), system_prompt=command_task.SYSTEM,
         )  # fmt: skip
+
+
+def test_the_minutes_budget_holds_the_final_evaluation() -> None:
+    """The first run on an Ice Lake Xeon: an evaluation ended at 898.7 s of 900, then one
+    more 15 s step and a second 108 s evaluation ran the stage 2 minutes over. The step
+    after that evaluation no longer fits, and a step fits only while the final evaluation
+    after it does too."""
+    fits = another_step_fits
+    assert not fits(elapsed_s=898.7, budget_s=900, step_s=15.0, final_eval_s=108.0)
+    assert fits(elapsed_s=777.0, budget_s=900, step_s=15.0, final_eval_s=108.0)
+    assert not fits(elapsed_s=778.0, budget_s=900, step_s=15.0, final_eval_s=108.0)
+    # Before any evaluation its cost is unknown: only the step has to fit.
+    assert fits(elapsed_s=880.0, budget_s=900, step_s=15.0, final_eval_s=0.0)
+    assert not fits(elapsed_s=890.0, budget_s=900, step_s=15.0, final_eval_s=0.0)
 
 
 def test_a_stop_request_abandons_bc_and_writes_nothing(
