@@ -601,7 +601,8 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
     versions_used = {
         turn["adapter_version"] for g in groups for t in g["trajectories"] for turn in t["turns"]
     }
-    assert 1 in versions_used, versions_used
+    # (Which versions: the groups sampled right after a publish may be the ones a kill lost.)
+    assert versions_used - {0} and versions_used <= set(published), (versions_used, published)
     # Recovery, as the daemon logged it.
     first_lost = _log_lines(log, "worker.lost_group")[0]["timestamp"]
     restarted = _log_lines(log, "worker.restarted")
