@@ -71,6 +71,7 @@ __all__ = [
     "BCProgress",
     "BCReport",
     "another_step_fits",
+    "bc_step",
     "behaviour_clone",
     "demo_examples",
     "read_demos",
@@ -322,7 +323,7 @@ def _whole_episodes(
     return picked
 
 
-def _bc_step(
+def bc_step(
     model: Any,
     optimizer: Any,
     batch: Sequence[BCExample],
@@ -572,7 +573,7 @@ def _train(
             order.extend(fresh)
         batch, order = order[: config.batch_size], order[config.batch_size :]
         tick = time.monotonic()
-        loss, n = _bc_step(
+        loss, n = bc_step(
             model,
             optimizer,
             batch,
