@@ -259,7 +259,13 @@ class PolicyConfig(_Section, frozen=True):
     # mixed (bench.learning --rl-temperature 0.5). Larger models: 1.0 (deploy/gpu-host.toml).
     temperature: NonNegativeFloat = 0.5
     top_p: Fraction = 1.0
-    max_tokens: Positive = 256
+    # Tokens a reply may take. The oracle's replies are 36 tokens (mean; at most 59) in
+    # SmolLM2's tokenizer, its sampled ones at most 74, yet 12 of the 676 turns of make
+    # run's first rollouts (Ice Lake, 93effd0) ran on to 256 without an end token: 90 s
+    # each (median; others 18 s) on the shared CPU, and 6 more passed the 120 s request
+    # timeout, so their episodes were lost (error:policy). 128 halves that cost; a reply
+    # that long is a parse failure either way. Larger models think longer (deploy: 512).
+    max_tokens: Positive = 128
     adapter_prefix: str = "policy"
 
 
