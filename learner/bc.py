@@ -74,6 +74,7 @@ __all__ = [
     "bc_step",
     "behaviour_clone",
     "demo_examples",
+    "first_eval_estimate_s",
     "read_demos",
     "snapshot_path",
     "split_heldout",
@@ -131,10 +132,24 @@ def another_step_fits(
 
     `bc.max_minutes` bounds the whole run, its final evaluation included: the bootstrap's
     BC is the stage before rollouts, and an evaluation (2 x `eval_examples` turns) takes
-    1.5-2 minutes on 2 cores. Before the first evaluation its cost is unknown (0 here), so
-    a run whose only evaluation is its last one ends that much past the budget.
+    1.5-2 minutes on 2 cores. Before the first evaluation the caller passes
+    `first_eval_estimate_s`.
     """
     return elapsed_s + step_s + final_eval_s <= budget_s
+
+
+# A no-grad forward over a turn's tokens costs at most this share of a training step's
+# per-turn time: over 1,024 tokens of SmolLM2 with top-10 LoRA, 3.5 CPU-s against 5.0 for
+# forward+backward (docs/model.md); with LoRA on more layers, or full fine-tuning, less.
+_FORWARD_SHARE = 0.7
+
+
+def first_eval_estimate_s(*, step_s: float, batch_size: int, eval_turns: int) -> float:
+    """What the first evaluation (`eval_turns` turns, no gradients) will take, from the
+    mean training step of `batch_size` turns: an upper estimate, for the budget before any
+    evaluation has been timed. (The Ice Lake first run at b03c851, whose only evaluation
+    was its last, ended 1.9 minutes past 15 without it: 88 steps of 10.1 s, then 122 s.)"""
+    return _FORWARD_SHARE * step_s * eval_turns / batch_size
 
 
 def _progress(
@@ -473,6 +488,7 @@ def _train(
     score_rng = random.Random(config.seed + 1)
     held_eval = _whole_episodes(held, config.eval_examples, score_rng)
     train_eval = _whole_episodes(train, config.eval_examples, score_rng)
+    eval_turns = len(held_eval) + len(train_eval)
     history: list[BCEval] = []
     started = time.monotonic()
     cpu_started = time.process_time()
@@ -559,11 +575,16 @@ def _train(
         if config.max_steps and step >= config.max_steps:
             stop_reason = "max_steps"
             break
+        step_s = train_s / step if step else 0.0
         if config.max_minutes and not another_step_fits(
             elapsed_s=time.monotonic() - started,
             budget_s=60 * config.max_minutes,
-            step_s=train_s / step if step else 0.0,
-            final_eval_s=eval_s,
+            step_s=step_s,
+            final_eval_s=eval_s
+            if history
+            else first_eval_estimate_s(
+                step_s=step_s, batch_size=config.batch_size, eval_turns=eval_turns
+            ),
         ):
             stop_reason = "max_minutes"
             break
