@@ -396,7 +396,7 @@ class BCConfig(_Section, frozen=True):
     # at 5e-4, 20 steps of 8 left the loss at 1.98 and no turn right). Steps count more than
     # turns a step: on an Ice Lake Xeon, 400 turns as 100 steps of 4 got 82% of held-out
     # actions right (teacher-forced; whole replies 16%), as 51 steps of 8 62% (6%), in 857
-    # and ~800 s of training; greedy on 40 test tasks both solved none.
+    # and ~800 s of training (one run each); greedy on 40 test tasks both solved none.
     learning_rate: PositiveFloat = 1e-3
     batch_size: Positive = 4
     warmup_steps: NonNegative = 5
