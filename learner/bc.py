@@ -499,7 +499,9 @@ def _train(
     window: list[float] = []
     stop_reason = ""
 
-    eval_s = 0.0  # how long the latest evaluation took (the final one costs about as much)
+    # How long the latest evaluation took (the final one costs about as much); None before
+    # the first.
+    eval_s: float | None = None
 
     def evaluate() -> BCEval:
         nonlocal eval_s
@@ -576,15 +578,17 @@ def _train(
             stop_reason = "max_steps"
             break
         step_s = train_s / step if step else 0.0
+        if eval_s is None:
+            final_eval_s = first_eval_estimate_s(
+                step_s=step_s, batch_size=config.batch_size, eval_turns=eval_turns
+            )
+        else:
+            final_eval_s = eval_s
         if config.max_minutes and not another_step_fits(
             elapsed_s=time.monotonic() - started,
             budget_s=60 * config.max_minutes,
             step_s=step_s,
-            final_eval_s=eval_s
-            if history
-            else first_eval_estimate_s(
-                step_s=step_s, batch_size=config.batch_size, eval_turns=eval_turns
-            ),
+            final_eval_s=final_eval_s,
         ):
             stop_reason = "max_minutes"
             break
