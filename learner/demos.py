@@ -16,7 +16,10 @@ from learner.errors import DemonstrationError
 from policy.prompt import SYSTEM_PROMPT, PromptRenderer, episode_messages
 from runtime.base.messages import ChatMessage, TrajectoryGroup, decode_group
 
-__all__ = ["BCExample", "demo_examples", "read_demos", "split_heldout"]
+__all__ = ["BCExample", "demo_examples", "read_demos", "reply_ids", "split_heldout"]
+
+# Where a reply's thought ends and its answer begins.
+_THOUGHT_END = "</think>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ def _example(
 ) -> BCExample:
     """One turn: the rendered prompt, the reply and the end token, the reply's action mask."""
     assert renderer.eos_token_id is not None  # checked by the callers
-    completion = [*renderer.encode(text), renderer.eos_token_id]
+    completion = [*reply_ids(renderer, text), renderer.eos_token_id]
     return BCExample(
         task_id=task_id,
         episode_id=episode_id,
@@ -123,6 +126,23 @@ def _example(
             think_mask(completion, lambda ids: renderer.decode(ids, skip_special_tokens=False))
         ),
     )
+
+
+def reply_ids(renderer: PromptRenderer, text: str) -> list[int]:
+    """The reply's tokens as a model samples them: the thought through `</think>`, then the
+    answer, each encoded on its own.
+
+    Encoded whole, `</think><answer>` fuses the two tags into one token (SmolLM2's BPE has
+    `><`), so BC never shows the model a `>` after `</think`. A model that samples that
+    `>` anyway (the `<think>` opening teaches it) was then off its training data, and the
+    `>` it knew best ends `</answer>`, right before the end token: in three Ice Lake first
+    runs 21 of 1,155 sampled turns (5 of 278 at 1cec4d9) ended `</think>` and the end
+    token, a parse failure with no answer. Encoded apart, the thought's `>` is followed
+    by `<answer>`."""
+    head, tag, answer = text.partition(_THOUGHT_END)
+    if not tag or not answer:
+        return renderer.encode(text)
+    return [*renderer.encode(head + tag), *renderer.encode(answer)]
 
 
 def split_heldout(

@@ -21,6 +21,7 @@ from learner.bc import (
     read_demos,
     split_heldout,
 )
+from learner.demos import reply_ids
 from learner.errors import DemonstrationError
 from policy.profile import TINY_PROMPT_LOSS
 from policy.prompt import PromptRenderer
@@ -54,7 +55,9 @@ def test_examples_are_rendered_exactly_as_rollouts_render_them(
         messages = command_task.messages(command, history, ex.turn)
         assert list(ex.prompt_ids) == renderer.render(messages)
         text = traj.turns[ex.turn].text
-        assert list(ex.completion_ids) == [*renderer.encode(text), eos]
+        # the thought and the answer encoded apart (learner.demos.reply_ids), the text kept
+        assert list(ex.completion_ids) == [*reply_ids(renderer, text), eos]
+        assert renderer.decode(ex.completion_ids[:-1], skip_special_tokens=False) == text
         # scored: the tokens outside the thought (here ">ok" straddles the tag, so it
         # stays scored: see learner.batch.think_mask), the end token included
         assert ex.action_mask == tuple(think_mask(ex.completion_ids, decode))

