@@ -18,6 +18,7 @@ from learner.bc import (
     behaviour_clone,
     demo_examples,
     first_eval_estimate_s,
+    periodic_eval_fits,
     read_demos,
     split_heldout,
 )
@@ -224,6 +225,18 @@ def test_the_minutes_budget_holds_the_final_evaluation() -> None:
     assert 122.0 <= first <= 200.0
     assert fits(elapsed_s=700.0, budget_s=900, step_s=10.1, final_eval_s=first)
     assert not fits(elapsed_s=800.0, budget_s=900, step_s=10.1, final_eval_s=first)
+
+
+def test_a_periodic_evaluation_runs_only_with_a_period_left_before_the_final_one() -> None:
+    """The Ice Lake first run at 1cec4d9: step 100 came 688 s in (6.9 s a step), its
+    evaluation took 120 s, and BC ended there with ~90 s unused. Skipped, those steps train;
+    earlier in a budget a periodic evaluation still runs."""
+    due = periodic_eval_fits
+    assert not due(elapsed_s=688.0, budget_s=900, step_s=6.9, eval_s=120.0, period_steps=100)
+    assert due(elapsed_s=100.0, budget_s=900, step_s=3.0, eval_s=120.0, period_steps=100)
+    # the boundary: a period of steps and two evaluations exactly fill the budget
+    assert due(elapsed_s=60.0, budget_s=900, step_s=6.0, eval_s=120.0, period_steps=100)
+    assert not due(elapsed_s=61.0, budget_s=900, step_s=6.0, eval_s=120.0, period_steps=100)
 
 
 def test_a_stop_request_abandons_bc_and_writes_nothing(
