@@ -171,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             watch.sample(proc.pid)
             time.sleep(2.0)
         if proc.poll() is None:
-            # make does not pass SIGTERM on to the daemon: the whole group gets it, and
-            # SIGKILL after a minute (the daemon's drain and vLLM's stop fit in it).
-            os.killpg(proc.pid, signal.SIGTERM)
+            # What a terminal's Ctrl-C does: SIGINT to the whole group (make does not pass
+            # signals on), SIGKILL after a minute (the daemon's drain and vLLM's stop fit
+            # in it). Not SIGTERM: Playwright's Node.js driver, in the group too, ignores
+            # SIGINT (the pool launches with handle_sigint=False) but dies of SIGTERM and
+            # closes every browser under the episodes still running (error:browser).
+            os.killpg(proc.pid, signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
