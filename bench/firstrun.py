@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.common import LoadSampler, descendants, finish, load_note, pss_bytes
-from runtime.base.config import load_config
+from runtime.base.config import DaemonConfig, load_config
 from runtime.base.messages import rewards_differ
 from runtime.store import iter_outcomes, store_path
 
@@ -172,13 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2.0)
         if proc.poll() is None:
             # What a terminal's Ctrl-C does: SIGINT to the whole group (make does not pass
-            # signals on), SIGKILL after a minute (the daemon's drain and vLLM's stop fit
-            # in it). Not SIGTERM: Playwright's Node.js driver, in the group too, ignores
-            # SIGINT (the pool launches with handle_sigint=False) but dies of SIGTERM and
-            # closes every browser under the episodes still running (error:browser).
+            # signals on). Not SIGTERM: Playwright's Node.js driver, in the group too,
+            # ignores SIGINT (the pool launches with handle_sigint=False) but dies of
+            # SIGTERM and closes every browser under the episodes still running
+            # (error:browser). SIGKILL only past the daemon's drain (`drain_timeout_s`,
+            # after which it interrupts what still runs) and 2 minutes for the rest of its
+            # stop (the learner's checkpoint, vLLM's exit), as deploy/webagent.service.
             os.killpg(proc.pid, signal.SIGINT)
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=DaemonConfig().drain_timeout_s + 120)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
