@@ -434,9 +434,9 @@ class BCConfig(_Section, frozen=True):
     eval_examples: Positive = 48
     # Padded tokens a forward+backward holds at once; a micro-batch's rows are left-padded
     # to its longest. SmolLM2, 4 turns a step (~590 tokens each), Ice Lake, 2 threads: 4,096
-    # put a step's turns in one micro-batch, a third of it padding, 8.4 s a step; 1,024
-    # (about one turn each) 5.9 s, 1.4x the steps in the same minutes (`python -m
-    # bench.bc_step`, results.md).
+    # put a step's turns in one micro-batch, a third of it padding, 10.2 s a step; 1,024
+    # (about one turn each) 7.3 s, 1.40x the steps in the same minutes (`python -m
+    # bench.bc_step`, docs/results.md).
     micro_batch_tokens: Positive = 1024
     weight_decay: NonNegativeFloat = 0.0
     grad_clip: PositiveFloat = 1.0
