@@ -414,7 +414,9 @@ class BCConfig(_Section, frozen=True):
     # Stop early once held-out episode success reaches this (0 disables).
     target_success: Fraction = 0.0
     # Each evaluation scores 2 x eval_examples turns (~40 s on a Zen 4, ~100 s on an Ice
-    # Lake Xeon): every 100 steps of 4 turns is about a tenth of BC's minutes there.
+    # Lake Xeon): every 100 steps of 4 turns is about a tenth of BC's minutes there. Under
+    # max_minutes one is skipped unless a whole period and the final evaluation fit after
+    # it (learner.bc.periodic_eval_fits).
     eval_every_steps: Positive = 100
     # Weight of a language-model loss on the prompt tokens (system prompt, task, pages,
     # earlier actions): their mean negative log-likelihood over the minibatch, added to
