@@ -545,13 +545,16 @@ def _train(
         log.info("bc.eval", eval_s=round(eval_s, 1), **msgspec.structs.asdict(point))
         return point
 
+    def step_s() -> float:
+        """The mean optimizer step so far (0 before the first)."""
+        return train_s / step if step else 0.0
+
     def eval_cost_s() -> float:
         """What the next evaluation will take: as long as the latest, or estimated."""
         if eval_s is not None:
             return eval_s
-        step_s = train_s / step if step else 0.0
         return first_eval_estimate_s(
-            step_s=step_s, batch_size=config.batch_size, eval_turns=eval_turns
+            step_s=step_s(), batch_size=config.batch_size, eval_turns=eval_turns
         )
 
     snapshots = sorted(config.snapshot_minutes)  # each > 0 (PositiveFloat)
@@ -603,7 +606,7 @@ def _train(
         if config.max_minutes and not another_step_fits(
             elapsed_s=time.monotonic() - started,
             budget_s=60 * config.max_minutes,
-            step_s=train_s / step if step else 0.0,
+            step_s=step_s(),
             final_eval_s=eval_cost_s(),
         ):
             stop_reason = "max_minutes"
@@ -636,7 +639,7 @@ def _train(
             or periodic_eval_fits(
                 elapsed_s=time.monotonic() - started,
                 budget_s=60 * config.max_minutes,
-                step_s=train_s / step,
+                step_s=step_s(),
                 eval_s=eval_cost_s(),
                 period_steps=config.eval_every_steps,
             )

@@ -11,15 +11,12 @@ from pathlib import Path
 
 import msgspec
 
-from learner.batch import think_mask
+from learner.batch import THINK_CLOSE, think_mask
 from learner.errors import DemonstrationError
 from policy.prompt import SYSTEM_PROMPT, PromptRenderer, episode_messages
 from runtime.base.messages import ChatMessage, TrajectoryGroup, decode_group
 
 __all__ = ["BCExample", "demo_examples", "read_demos", "reply_ids", "split_heldout"]
-
-# Where a reply's thought ends and its answer begins.
-_THOUGHT_END = "</think>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +136,7 @@ def reply_ids(renderer: PromptRenderer, text: str) -> list[int]:
     runs 21 of 1,155 sampled turns (5 of 278 at 1cec4d9) ended `</think>` and the end
     token, a parse failure with no answer. Encoded apart, the thought's `>` is followed
     by `<answer>`."""
-    head, tag, answer = text.partition(_THOUGHT_END)
+    head, tag, answer = text.partition(THINK_CLOSE)
     if not tag or not answer:
         return renderer.encode(text)
     return [*renderer.encode(head + tag), *renderer.encode(answer)]
