@@ -120,10 +120,16 @@ def run_facts(clone: Path, log_path: Path) -> list[str]:
     for line in log_path.read_text(errors="replace").splitlines():
         if '"bootstrap.bc_done"' in line:
             done = json.loads(line)
-            facts.append(
+            fact = (
                 f"BC: {done['steps']} steps at {done['tokens_per_s']} trained tokens/s, held-out "
                 f"demonstrated actions right {done['heldout_accuracy']:.0%} (teacher-forced)"
             )
+            if "heldout_loss" in done:  # since the bootstrap reports them
+                fact += (
+                    f", whole replies {done['heldout_whole_accuracy']:.0%}, "
+                    f"reply NLL {done['heldout_loss']:.3f}"
+                )
+            facts.append(fact)
     run_dir = clone / "runs" / "default"
     if store_path(run_dir).is_file():
         groups = list(iter_outcomes(run_dir))

@@ -283,11 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         [f"{h['wall_s'] / 60:.1f}", f"{h['cpu_s'] / 60:.1f}", h["step"],
          f"{h['tokens'] / 1e6:.2f}", f"{h['loss']:.3f}", f"{h['train_accuracy']:.3f}",
          f"{h['heldout_accuracy']:.3f}", f"{h['heldout_episode_accuracy']:.3f}",
-         f"{h['heldout_whole_accuracy']:.3f}", f"{h['heldout_whole_episode_accuracy']:.3f}"]
+         f"{h['heldout_whole_accuracy']:.3f}", f"{h['heldout_whole_episode_accuracy']:.3f}",
+         f"{h['heldout_loss']:.3f}"]
         for h in history
     ]  # fmt: skip
     headers = ["wall min", "CPU min", "step", "Mtok", "loss", "train turn acc", "test turn acc",
-               "test ep (TF)", "test whole turn", "test ep whole"]  # fmt: skip
+               "test ep (TF)", "test whole turn", "test ep whole", "test NLL"]  # fmt: skip
     notes = [
         f"{report.train_examples} train turns, {report.heldout_examples} test turns; "
         f"{report.tokens_per_s:.0f} training tokens/s; stopped by {report.stop_reason}",

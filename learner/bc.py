@@ -113,6 +113,9 @@ class BCEval(msgspec.Struct, frozen=True, kw_only=True):
     # demonstrated thought as given, which a free-running model must write itself.
     heldout_whole_accuracy: float = math.nan
     heldout_whole_episode_accuracy: float = math.nan
+    # Mean negative log-likelihood of the held-out replies' tokens (thought, action, end):
+    # over the same turns, steadier than the exact-match shares, which flip a turn at once.
+    heldout_loss: float = math.nan
 
 
 class BCProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,6 +127,7 @@ class BCProgress(msgspec.Struct, frozen=True, kw_only=True):
     heldout_accuracy: float  # at the last evaluation (nan before the first)
     elapsed_s: float
     left_s: float | None  # by max_minutes or max_steps, whichever ends first
+    learning_rate: float = math.nan  # of the step just taken (bc.warmup_steps, bc.schedule)
 
 
 def another_step_fits(
@@ -152,6 +156,28 @@ def periodic_eval_fits(
     return elapsed_s + eval_s + period_steps * step_s + eval_s <= budget_s
 
 
+def budget_progress(
+    *, step: int, max_steps: int, elapsed_s: float, budget_s: float, final_eval_s: float
+) -> float:
+    """How far a BC run is through its bound, 0..1: the larger of `step` of `max_steps` and
+    `elapsed_s` of the training time `budget_s` leaves before its final evaluation (a bound
+    of 0 does not count). `bc.schedule = "cosine"` decays the learning rate by it."""
+    shares = [0.0]
+    if max_steps:
+        shares.append(step / max_steps)
+    if budget_s:
+        shares.append(elapsed_s / max(budget_s - final_eval_s, 1e-9))
+    return min(1.0, max(shares))
+
+
+def schedule_factor(schedule: str, progress: float) -> float:
+    """Multiplier of `bc.learning_rate` after warm-up at `progress` (`budget_progress`):
+    1 ("constant") or a half cosine from 1 to 0 ("cosine")."""
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
+    return 1.0
+
+
 # A no-grad forward over a turn's tokens costs at most this share of a training step's
 # per-turn time: over 1,024 tokens of SmolLM2 with top-10 LoRA, 3.5 CPU-s against 5.0 for
 # forward+backward (docs/model.md); with LoRA on more layers, or full fine-tuning, less.
@@ -167,7 +193,13 @@ def first_eval_estimate_s(*, step_s: float, batch_size: int, eval_turns: int) ->
 
 
 def _progress(
-    step: int, window: Sequence[float], history: Sequence[BCEval], started: float, cfg: BCConfig
+    step: int,
+    window: Sequence[float],
+    history: Sequence[BCEval],
+    started: float,
+    cfg: BCConfig,
+    *,
+    learning_rate: float,
 ) -> BCProgress:
     elapsed = time.monotonic() - started
     lefts = []
@@ -182,6 +214,7 @@ def _progress(
         heldout_accuracy=history[-1].heldout_accuracy if history else math.nan,
         elapsed_s=elapsed,
         left_s=min(lefts) if lefts else None,
+        learning_rate=learning_rate,
     )
 
 
@@ -206,6 +239,7 @@ class BCReport(msgspec.Struct, frozen=True, kw_only=True):
     heldout_success: float | None = None
     heldout_whole_accuracy: float = math.nan
     heldout_whole_episode_accuracy: float = math.nan
+    heldout_loss: float = math.nan
     history: list[BCEval] = []
     # Folders of the `bc.snapshot_minutes` models written before this one.
     snapshots: list[str] = []
@@ -281,12 +315,13 @@ def _prompt_logprob_sum(model: Any, mb: MicroBatch, completions: Sequence[int]) 
 
 class _Scores(NamedTuple):
     """Teacher-forced shares: action right (given the demonstrated thought) and whole turn
-    right, per turn and per episode (every turn of it)."""
+    right, per turn and per episode (every turn of it); the mean NLL of a reply token."""
 
     turns: float
     episodes: float
     whole_turns: float
     whole_episodes: float
+    loss: float
 
 
 def _accuracy(
@@ -299,26 +334,32 @@ def _accuracy(
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> _Scores:
     """Teacher-forced exact match against the argmax: of the action tokens, and of every
-    completion token (`_Scores`)."""
+    completion token; and the completion tokens' mean NLL (`_Scores`)."""
     import torch
 
     if not examples:
-        return _Scores(math.nan, math.nan, math.nan, math.nan)
+        return _Scores(math.nan, math.nan, math.nan, math.nan, math.nan)
     # (episode, hit) in micro-batch order: micro_batches sorts samples longest first
     action_hits: list[tuple[str, bool]] = []
     whole_hits: list[tuple[str, bool]] = []
+    nll = 0.0
+    reply_tokens = 0
     model.eval()
     with torch.no_grad(), autocast():
         for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
             mb = collate(mb_samples, pad_id=pad_id).to(device)
-            hit = _forward(model, mb).argmax(-1) == mb.targets
+            logits = _forward(model, mb)
+            hit = logits.argmax(-1) == mb.targets
+            logp = token_logprobs(logits, mb.targets)
             scored = mb.weights > 0
             width = mb.completion_width
             for row, sample in enumerate(mb_samples):
                 episode = sample.episode_id
                 action_hits.append((episode, bool((hit[row] | ~scored[row]).all())))
-                whole = bool(hit[row, width - len(sample.completion_ids) :].all())
-                whole_hits.append((episode, whole))
+                reply = slice(width - len(sample.completion_ids), width)
+                whole_hits.append((episode, bool(hit[row, reply].all())))
+                nll -= float(logp[row, reply].sum())
+                reply_tokens += len(sample.completion_ids)
 
     def by_episode(hits: list[tuple[str, bool]]) -> float:
         episodes: dict[str, bool] = {}
@@ -332,6 +373,7 @@ def _accuracy(
         by_episode(action_hits),
         sum(ok for _, ok in whole_hits) / n,
         by_episode(whole_hits),
+        nll / reply_tokens,
     )
 
 
@@ -495,10 +537,6 @@ def _train(
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: lr_factor(s, warmup=config.warmup_steps, schedule="constant", total=0),
-    )
     score_rng = random.Random(config.seed + 1)
     held_eval = _whole_episodes(held, config.eval_examples, score_rng)
     train_eval = _whole_episodes(train, config.eval_examples, score_rng)
@@ -538,6 +576,7 @@ def _train(
             heldout_success=success,
             heldout_whole_accuracy=held_scores.whole_turns,
             heldout_whole_episode_accuracy=held_scores.whole_episodes,
+            heldout_loss=held_scores.loss,
         )
         window.clear()
         history.append(point)
@@ -580,6 +619,7 @@ def _train(
             heldout_success=point.heldout_success,
             heldout_whole_accuracy=point.heldout_whole_accuracy,
             heldout_whole_episode_accuracy=point.heldout_whole_episode_accuracy,
+            heldout_loss=point.heldout_loss,
             history=list(history),
             snapshots=list(written),
         )
@@ -616,6 +656,17 @@ def _train(
             rng.shuffle(fresh)
             order.extend(fresh)
         batch, order = order[: config.batch_size], order[config.batch_size :]
+        progress = budget_progress(
+            step=step,
+            max_steps=config.max_steps,
+            elapsed_s=time.monotonic() - started,
+            budget_s=60 * config.max_minutes,
+            final_eval_s=eval_cost_s(),
+        )
+        lr = config.learning_rate * schedule_factor(config.schedule, progress)
+        lr *= lr_factor(step, warmup=config.warmup_steps, schedule="constant", total=0)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         tick = time.monotonic()
         loss, n = bc_step(
             model,
@@ -628,12 +679,11 @@ def _train(
             autocast=autocast,
         )
         train_s += time.monotonic() - tick
-        scheduler.step()
         step += 1
         tokens += n
         window.append(loss)
         if on_step is not None:
-            on_step(_progress(step, window, history, started, config))
+            on_step(_progress(step, window, history, started, config, learning_rate=lr))
         if step % config.eval_every_steps == 0 and (
             not config.max_minutes
             or periodic_eval_fits(

@@ -219,6 +219,8 @@ async def behaviour_clone_process(
         "stop_reason": report.stop_reason,
         "train_accuracy": round(report.train_accuracy, 4),
         "heldout_accuracy": round(report.heldout_accuracy, 4),
+        "heldout_whole_accuracy": round(report.heldout_whole_accuracy, 4),
+        "heldout_loss": round(report.heldout_loss, 4),
     }
 
 

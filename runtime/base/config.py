@@ -400,6 +400,10 @@ class BCConfig(_Section, frozen=True):
     learning_rate: PositiveFloat = 1e-3
     batch_size: Positive = 4
     warmup_steps: NonNegative = 5
+    # After warm-up: "constant", or "cosine" from learning_rate down to 0 at the end of the
+    # run's bound (max_steps, or max_minutes less the final evaluation; learner.bc.
+    # budget_progress).
+    schedule: Literal["constant", "cosine"] = "constant"
     max_steps: NonNegative = 0
     # Wall minutes of BC, its final evaluation included (the bootstrap's largest stage;
     # make run's first update comes after it). The first run on an Ice Lake Xeon ended

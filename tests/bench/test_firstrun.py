@@ -73,6 +73,7 @@ def test_run_facts_say_what_bc_reached_and_what_the_rollouts_solved(tmp_path: Pa
     log.write_text(
         "make: building\n"
         '{"steps": 50, "tokens_per_s": 289, "heldout_accuracy": 0.7115, '
+        '"heldout_whole_accuracy": 0.1875, "heldout_loss": 0.25612, '
         '"event": "bootstrap.bc_done"}\n'
     )
     run_dir = tmp_path / "runs" / "default"
@@ -96,7 +97,7 @@ def test_run_facts_say_what_bc_reached_and_what_the_rollouts_solved(tmp_path: Pa
     (run_dir / "trajectories.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
     assert firstrun.run_facts(tmp_path, log) == [
         "BC: 50 steps at 289 trained tokens/s, held-out demonstrated actions right 71% "
-        "(teacher-forced)",
+        "(teacher-forced), whole replies 19%, reply NLL 0.256",
         "training rollouts: 4 groups, 7 of 16 episodes solved, 1 groups with mixed rewards "
         "(an update trains on 3)",
     ]

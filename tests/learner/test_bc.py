@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from learner.bc import (
     _accuracy,
     another_step_fits,
     behaviour_clone,
+    budget_progress,
     demo_examples,
     first_eval_estimate_s,
     periodic_eval_fits,
     read_demos,
+    schedule_factor,
     split_heldout,
 )
 from learner.demos import reply_ids
@@ -147,6 +150,9 @@ def test_whole_turn_accuracy_counts_the_thought_action_accuracy_does_not() -> No
     scores = _accuracy(_NextTokenModel(16, miss=13), examples, 8192, pad_id=0, device="cpu")
     assert scores.turns == 3 / 4 and scores.whole_turns == 2 / 4
     assert scores.episodes == 2 / 3 and scores.whole_episodes == 1 / 3
+    # NLL per reply token: the one-hot logits give log(e + 15) - 1 where right, log(e + 15)
+    # at the 2 misses, over 4 x 7 tokens (the prompts not counted)
+    assert scores.loss == pytest.approx((28 * math.log(math.e + 15) - 26) / 28)
 
     # micro-batches sort samples longest first: episode scores must follow the samples,
     # not the input order (b's longer prompt puts it first; a's two misses stay in a)
@@ -239,6 +245,28 @@ def test_a_periodic_evaluation_runs_only_with_a_period_left_before_the_final_one
     assert not due(elapsed_s=61.0, budget_s=900, step_s=6.0, eval_s=120.0, period_steps=100)
 
 
+def test_the_cosine_schedule_ends_with_the_bound_that_ends_first() -> None:
+    """`bc.schedule = "cosine"` decays by the share of the run's bound already used: steps
+    of max_steps, or minutes of those max_minutes leave before the final evaluation."""
+
+    def progress(step: int, max_steps: int, elapsed_s: float, budget_s: float) -> float:
+        return budget_progress(
+            step=step, max_steps=max_steps, elapsed_s=elapsed_s, budget_s=budget_s,
+            final_eval_s=100.0 if budget_s else 0.0,
+        )  # fmt: skip
+
+    assert progress(25, 100, 0.0, 0.0) == 0.25
+    # 900 s less a 100 s final evaluation: 400 s in is half way
+    assert progress(3, 0, 400.0, 900.0) == 0.5
+    # both bounds: the nearer end counts; past it, 1
+    assert progress(90, 100, 400.0, 900.0) == 0.9
+    assert progress(9, 0, 850.0, 900.0) == 1.0
+    assert schedule_factor("cosine", 0.0) == 1.0
+    assert schedule_factor("cosine", 0.5) == pytest.approx(0.5)
+    assert schedule_factor("cosine", 1.0) == pytest.approx(0.0)
+    assert schedule_factor("constant", 0.9) == 1.0
+
+
 def test_a_stop_request_abandons_bc_and_writes_nothing(
     tmp_path: Path, command_task: Any, command_model_dir: Path
 ) -> None:
@@ -270,8 +298,6 @@ def test_each_step_reports_its_progress(
 ) -> None:
     """`on_step` sees every step in order, the held-out accuracy once evaluated, and the
     time left by `max_steps`; the bootstrap's line shows the same."""
-    import math
-
     from learner.bc import BCProgress
     from runtime.bootstrap import BootstrapProgress
 
@@ -281,11 +307,15 @@ def test_each_step_reports_its_progress(
         base_model=command_model_dir,
         out=tmp_path / "bc",
         config=BCConfig(max_steps=4, max_minutes=0, batch_size=4, eval_every_steps=2,
-                        eval_examples=4, prompt_loss=TINY_PROMPT_LOSS),
+                        eval_examples=4, prompt_loss=TINY_PROMPT_LOSS, learning_rate=1e-3,
+                        warmup_steps=2, schedule="cosine"),
         system_prompt=command_task.SYSTEM,
         on_step=seen.append,
     )  # fmt: skip
     assert [p.step for p in seen] == [1, 2, 3, 4]
+    # warm-up over 2 steps times a cosine over the 4: 1/2 x 1, 2/2 x 0.854, 0.5, 0.146
+    expected = [0.5, 0.8536, 0.5, 0.1464]
+    assert [p.learning_rate for p in seen] == pytest.approx([1e-3 * f for f in expected], rel=1e-3)
     assert math.isnan(seen[0].heldout_accuracy) and math.isnan(seen[1].heldout_accuracy)
     assert not math.isnan(seen[2].heldout_accuracy)  # evaluated after step 2
     assert seen[-1].left_s == 0.0 and all(p.left_s is not None for p in seen)
@@ -535,6 +565,10 @@ async def test_the_first_run_trains_bc_in_a_process_of_its_own(
     summary = await behaviour_clone_process(config, paths, on_step=seen.append)
     assert [p.step for p in seen] == [1, 2, 3]
     assert summary["steps"] == 3 and summary["stop_reason"] == "max_steps"
+    # the held-out reply NLL and whole-reply share cross the process boundary (NaN fails)
+    loss, whole = summary["heldout_loss"], summary["heldout_whole_accuracy"]
+    assert isinstance(loss, float) and isinstance(whole, float)
+    assert loss > 0 and 0 <= whole <= 1
     assert (paths.bc / "model.safetensors").is_file() and (paths.bc / "bc.json").is_file()
     assert "bc.eval" in (paths.bc.parent / "bc.log").read_text()
     assert secret not in (paths.bc.parent / "bc-config.toml").read_text()
