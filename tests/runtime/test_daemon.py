@@ -495,6 +495,17 @@ def _actor_url(log: Path) -> str:
     return str(ready[0]["urls"][0]) if ready else ""
 
 
+def _lost_tasks_drawn_again(log: Path) -> bool:
+    """Whether the log has a `scheduler.again` line and, after each, as many groups started
+    as tasks were put back from it on (each put-back task is the next one drawn)."""
+    events = [x["event"] for x in _log_lines(log, "scheduler.again", "scheduler.group_started")]
+    again = [i for i, event in enumerate(events) if event == "scheduler.again"]
+    return bool(again) and all(
+        events[i:].count("scheduler.group_started") >= events[i:].count("scheduler.again")
+        for i in again
+    )
+
+
 def test_train_on_ray_workers_and_two_replicas_survives_kills(
     sku_model: Path, external_replica: subprocess.Popen[bytes]
 ) -> None:
@@ -545,9 +556,16 @@ def test_train_on_ray_workers_and_two_replicas_survives_kills(
             if lost_one and not replica_killed:
                 os.killpg(external_replica.pid, signal.SIGKILL)
                 replica_killed.append((time.time(), max(published)))
-            if replica_killed and max(published) > replica_killed[0][1] and not roots:
-                # The next version went to the actor's replica alone. What its vLLM says it
-                # loaded each version from; then a graceful stop.
+            if (
+                replica_killed
+                and max(published) > replica_killed[0][1]
+                and not roots
+                and _lost_tasks_drawn_again(log)
+            ):
+                # The next version went to the actor's replica alone, and each lost group's
+                # task has started again (the slot it waits for may be held by a group that
+                # waits for the learner, so that can come after the publish). What the
+                # actor's vLLM says it loaded each version from; then a graceful stop.
                 listing = httpx.get(f"{_actor_url(log)}/v1/models", timeout=10).json()["data"]
                 roots = {m["id"]: m["root"] for m in listing if m["id"].startswith("policy@")}
                 proc.send_signal(signal.SIGTERM)
