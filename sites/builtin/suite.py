@@ -28,7 +28,7 @@ from runtime.base.messages import (
     TaskConfig,
 )
 from sites.builtin import tasks_admin, tasks_code, tasks_forum, tasks_map, tasks_shop
-from sites.builtin.data import build_world
+from sites.builtin.data import World, build_world
 from sites.builtin.errors import NotInSuiteError
 from sites.builtin.template_kit import PLACEHOLDER, Built, Template
 from sites.builtin.tenants import Tenant
@@ -38,8 +38,10 @@ __all__ = [
     "SEED_FIELD",
     "generate_suite",
     "plan_for",
+    "spare_candidates",
     "step_band",
     "suite_stats",
+    "task_from",
     "templates",
 ]
 
@@ -101,23 +103,41 @@ def _task(
     )
 
 
+def _shuffled_candidates(
+    template: Template, world: World, base: Tenant, seed: int
+) -> list[dict[str, str]]:
+    candidates = template.candidates(world, base)
+    random.Random(f"{seed}:template:{template.id}").shuffle(candidates)
+    return candidates
+
+
+def _in_distribution_per_site(all_templates: list[Template]) -> dict[str, int]:
+    per_site: dict[str, int] = {}
+    for template in all_templates:
+        if not template.ood:
+            per_site[template.site] = per_site.get(template.site, 0) + 1
+    return per_site
+
+
+def _test_count(template: Template, n_candidates: int, per_site: Mapping[str, int]) -> int:
+    """How many of an in-distribution template's shuffled candidates go to test (the
+    next `train_cap` go to train)."""
+    return min(math.ceil(TEST_PER_SITE / per_site[template.site]), n_candidates // 2)
+
+
 def generate_suite(seed: int = 0) -> dict[str, list[TaskConfig]]:
     """{"train": [...], "test": [...], "ood": [...]}: deterministic for a seed."""
     world = build_world(seed)
     base = Tenant("seeded-data")
     all_templates = _templates()
-    per_site: dict[str, int] = {}
-    for template in all_templates:
-        if not template.ood:
-            per_site[template.site] = per_site.get(template.site, 0) + 1
+    per_site = _in_distribution_per_site(all_templates)
     splits: dict[str, list[tuple[Template, dict[str, str]]]] = {"train": [], "test": [], "ood": []}
     for template in all_templates:
-        candidates = template.candidates(world, base)
-        random.Random(f"{seed}:template:{template.id}").shuffle(candidates)
+        candidates = _shuffled_candidates(template, world, base, seed)
         if template.ood:
             splits["ood"].extend((template, c) for c in candidates[: template.train_cap])
             continue
-        n_test = min(math.ceil(TEST_PER_SITE / per_site[template.site]), len(candidates) // 2)
+        n_test = _test_count(template, len(candidates), per_site)
         splits["test"].extend((template, c) for c in candidates[:n_test])
         splits["train"].extend(
             (template, c) for c in candidates[n_test : n_test + template.train_cap]
@@ -130,6 +150,31 @@ def generate_suite(seed: int = 0) -> dict[str, list[TaskConfig]]:
             for i, (t, params) in enumerate(items)
         ]
     return suite
+
+
+def spare_candidates(seed: int) -> dict[int, list[dict[str, str]]]:
+    """Per in-distribution template id, the instantiations `generate_suite(seed)` leaves
+    out of every split (past its test share and `train_cap`), in its shuffled order: a
+    task made from one is new and never a test or ood task. Ood templates are not listed."""
+    world = build_world(seed)
+    base = Tenant("seeded-data")
+    all_templates = _templates()
+    per_site = _in_distribution_per_site(all_templates)
+    spare: dict[int, list[dict[str, str]]] = {}
+    for template in all_templates:
+        if template.ood:
+            continue
+        candidates = _shuffled_candidates(template, world, base, seed)
+        used = _test_count(template, len(candidates), per_site) + template.train_cap
+        spare[template.id] = candidates[used:]
+    return spare
+
+
+def task_from(template: Template, params: dict[str, str], *, task_id: int, seed: int) -> TaskConfig:
+    """A task of the built-in suite's form (its plan rebuilt by `plan_for`) from one of
+    `template`'s instantiations on the seeded data."""
+    built = template.build(build_world(seed), Tenant("seeded-data"), params)
+    return _task(template, built, params, task_id, seed)
 
 
 def plan_for(task: TaskConfig) -> list[OracleStep]:

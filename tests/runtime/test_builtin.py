@@ -9,7 +9,7 @@ import pytest
 
 from policy.profile import settle_auto
 from runtime.base.config import BrowserConfig, Config, ObservationConfig, SitesConfig
-from runtime.base.messages import TaskConfig
+from runtime.base.messages import PolicyReply, PolicyRequest, TaskConfig
 from runtime.browser import BrowserPool
 from runtime.environment import BuiltinEnvironment, serve_builtin_environment
 from runtime.oracle import OraclePolicy
@@ -33,6 +33,18 @@ async def pool(anyio_backend: str) -> AsyncIterator[BrowserPool]:
 async def environment(anyio_backend: str) -> AsyncIterator[BuiltinEnvironment]:
     async with serve_builtin_environment(SitesConfig()) as env:
         yield env
+
+
+class _GiveUp:
+    """Exits at once with an empty answer."""
+
+    async def act(self, request: PolicyRequest) -> PolicyReply:
+        del request
+        return PolicyReply(text='<think>Stop.</think><answer>exit(message="")</answer>')
+
+
+def _of_kind(tasks: list[TaskConfig], kind: str) -> list[TaskConfig]:
+    return [t for t in tasks if t.extra_fields.get("kind") == kind]
 
 
 def _one_per_site(tasks: list[TaskConfig]) -> list[TaskConfig]:
@@ -82,3 +94,27 @@ async def test_a_state_changing_task_succeeds_8_times_in_one_group(
     assert after["tenants_created"] - before["tenants_created"] == 8
     assert after["tenants_alive"] == before["tenants_alive"]
     assert after["tenant_rows_written"] >= before["tenant_rows_written"]
+
+
+async def test_evolved_tasks_keep_real_evaluators(
+    environment: BuiltinEnvironment, pool: BrowserPool
+) -> None:
+    """Tasks WebRL's evolution makes from failed ones are solved by the oracle's plan and
+    scored by their template's evaluator: 1 for the plan, 0 for an empty answer."""
+    import random
+
+    from sites.builtin.evolve import Evolver
+
+    parents = [t for t in environment.tasks("train") if t.sites[0] in ("shopping_admin", "map")]
+    made = Evolver(0, rng=random.Random(2)).evolve(parents[:6], phase=1, per_parent=3).tasks
+    # Two of each kind, as they came.
+    children = [t for kind in ("instance", "easier", "harder") for t in _of_kind(made, kind)[:2]]
+    assert len(children) == 6
+    solved = await run_tasks(
+        HTML, environment, OraclePolicy(), children, group_size=1, concurrency=6, pool=pool
+    )
+    assert [t.reward for g in solved.groups for t in g.trajectories] == [1.0] * 6
+    given_up = await run_tasks(
+        HTML, environment, _GiveUp(), children, group_size=1, concurrency=6, pool=pool
+    )
+    assert [t.reward for g in given_up.groups for t in g.trajectories] == [0.0] * 6
