@@ -81,6 +81,7 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
 
 class _Logprobs(msgspec.Struct):
     token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
 
 
 class _Choice(msgspec.Struct):
@@ -266,6 +267,34 @@ class CompletionClient:
             finish_reason=choice.finish_reason or "",
             model=parsed.model,
         )
+
+    async def first_token_top(
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        model: str,
+        k: int,
+        timeout_s: float | None = None,
+    ) -> dict[str, float]:
+        """The `k` likeliest first tokens after the prompt: {token text: logprob} (greedy,
+        one token; a judge's verdict)."""
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(prompt_token_ids),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": k,
+        }
+        response = await self._send("POST", "/v1/completions", body, timeout_s=timeout_s)
+        try:
+            parsed = _completion_decoder.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise BadResponseError(f"/v1/completions: unexpected answer ({exc})") from exc
+        choice = parsed.choices[0] if len(parsed.choices) == 1 else None
+        top = choice.logprobs.top_logprobs if choice and choice.logprobs else []
+        if not top or top[0] is None:
+            raise BadResponseError("/v1/completions: no top log-probs for the first token")
+        return dict(top[0])
 
     async def health(self, *, timeout_s: float = 5.0) -> bool:
         """True if `/health` answers 200 now (one try, no retries)."""

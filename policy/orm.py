@@ -1,0 +1,111 @@
+"""WebRL's outcome reward model (ORM): a YES/NO judge of a finished episode.
+
+WebRL (arXiv 2411.02337) scores tasks that have no evaluator with a judge that reads only
+the instruction, the agent's actions and the final page, and answers YES or NO; the
+episode succeeded when P(YES) > P(NO) for the reply's first token. The judge is the base
+model with a LoRA of its own, trained on rollouts whose tasks do have evaluators.
+
+- `orm_messages` writes the judge's chat: a fixed system prompt, then one user message
+  with the task, the actions in order (each turn's `<answer>` part; a turn that gave none
+  says so) and the page the episode ended on.
+- `orm_example` is a labelled rollout as (messages, "YES" or "NO"), from an evaluated
+  trajectory; infrastructure failures ("interrupted", "error:*") carry no label and give
+  None.
+- `verdict` reads the first token's top log-probs: the probability of every listed token
+  that is YES or NO once stripped of spaces and upper-cased is summed per side. Neither
+  listed: unjudged (`Verdict.success` None), counted apart, never a failure.
+- `OrmJudge` renders them with the model's chat template and asks the server for the
+  first token's top log-probs under the judge adapter's name (`CompletionClient`, so
+  transport errors are the policy layer's `RequestError`s).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from policy.client import CompletionClient
+from policy.prompt import PromptRenderer
+from runtime.base.messages import EVALUATED_STATUSES, ChatMessage, Trajectory
+
+__all__ = [
+    "ORM_SYSTEM_PROMPT",
+    "OrmJudge",
+    "Verdict",
+    "orm_example",
+    "orm_messages",
+    "verdict",
+]
+
+ORM_SYSTEM_PROMPT = (
+    "You judge whether a web agent completed its task. You see the task, the agent's "
+    "actions in order and the page it ended on. Answer with one word: YES if the task is "
+    "done (and any answer the agent gave is right), NO otherwise."
+)
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """One judgement: success None when neither YES nor NO was among the top tokens."""
+
+    success: bool | None
+    p_yes: float
+    p_no: float
+
+
+def orm_messages(intent: str, actions: Sequence[str], final_page: str) -> list[ChatMessage]:
+    """The judge's messages for one episode."""
+    listed = "\n".join(f"{i}. {a}" for i, a in enumerate(actions, 1)) or "(no action)"
+    user = f"Task: {intent}\n\nActions:\n{listed}\n\nFinal page:\n{final_page}\n\nDone?"
+    return [
+        ChatMessage(role="system", content=ORM_SYSTEM_PROMPT),
+        ChatMessage(role="user", content=user),
+    ]
+
+
+def _action_of(text: str) -> str:
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else "(no valid action)"
+
+
+def orm_example(trajectory: Trajectory) -> tuple[list[ChatMessage], str] | None:
+    """(the judge's messages, "YES" or "NO") for an evaluated trajectory, else None."""
+    if trajectory.status not in EVALUATED_STATUSES or not trajectory.turns:
+        return None
+    actions = [_action_of(turn.text) for turn in trajectory.turns]
+    messages = orm_messages(trajectory.intent, actions, trajectory.turns[-1].observation)
+    return messages, "YES" if trajectory.reward > 0 else "NO"
+
+
+def verdict(top_logprobs: Mapping[str, float]) -> Verdict:
+    """The judgement from the first reply token's top log-probs ({token text: logprob})."""
+    p = {"YES": 0.0, "NO": 0.0}
+    for token, logprob in top_logprobs.items():
+        word = token.strip().upper()
+        if word in p and math.isfinite(logprob):
+            p[word] += math.exp(logprob)
+    if p["YES"] == 0.0 and p["NO"] == 0.0:
+        return Verdict(success=None, p_yes=0.0, p_no=0.0)
+    return Verdict(success=p["YES"] > p["NO"], p_yes=p["YES"], p_no=p["NO"])
+
+
+class OrmJudge:
+    """Asks the judge adapter `model` for verdicts through the policy's server client."""
+
+    def __init__(
+        self, client: CompletionClient, renderer: PromptRenderer, *, model: str, k: int = 20
+    ) -> None:
+        self.client = client
+        self.renderer = renderer
+        self.model = model
+        self.k = k
+
+    async def judge(self, intent: str, actions: Sequence[str], final_page: str) -> Verdict:
+        """The verdict on one episode; the client's `RequestError`s pass through."""
+        prompt = self.renderer.render(orm_messages(intent, actions, final_page))
+        top = await self.client.first_token_top(prompt, model=self.model, k=self.k)
+        return verdict(top)
