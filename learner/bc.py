@@ -86,6 +86,7 @@ __all__ = [
     "read_demos",
     "snapshot_path",
     "split_heldout",
+    "train_examples",
 ]
 
 log = structlog.get_logger("learner.bc")
@@ -432,7 +433,7 @@ def behaviour_clone(
         train = examples
         held = examples_of(read_demos(heldout) if isinstance(heldout, (str, Path)) else heldout)
     try:
-        return _train(
+        return train_examples(
             train, held, base_model=str(base_model), target=target, config=config, lora=lora,
             evaluate_success=evaluate_success, should_stop=should_stop, prompt_loss=prompt_loss,
             on_step=on_step,
@@ -443,7 +444,7 @@ def behaviour_clone(
         raise TrainingError(f"BC failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _train(
+def train_examples(
     train: list[BCExample],
     held: list[BCExample],
     *,
@@ -455,7 +456,12 @@ def _train(
     should_stop: Callable[[], bool] | None = None,
     prompt_loss: float = 0.0,
     on_step: Callable[[BCProgress], None] | None = None,
+    merge: bool = True,
 ) -> BCReport:
+    """BC's loop on examples made elsewhere (`behaviour_clone` makes them from
+    demonstrations; WebRL's outcome reward model from labelled rollouts). A LoRA is merged
+    into the written model, or with `merge` false written as the adapter alone (its
+    `adapter_config.json` and weights, beside the base's tokenizer files)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -648,7 +654,7 @@ def _train(
                 stop_reason = "target_success"
                 break
     final = history[-1] if history and history[-1].step == step else evaluate()
-    if mode == "lora":
+    if mode == "lora" and merge:
         model = model.merge_and_unload()
     report = report_now(stop_reason, final)
     _save_model(model, Path(base_model), target, report)

@@ -13,7 +13,16 @@ import pytest
 
 from policy.client import CompletionClient, SamplingParams
 from policy.errors import BadResponseError
-from policy.orm import ORM_SYSTEM_PROMPT, OrmJudge, orm_example, orm_messages, verdict
+from policy.orm import (
+    NO,
+    ORM_SYSTEM_PROMPT,
+    YES,
+    OrmJudge,
+    first_tokens,
+    orm_example,
+    orm_messages,
+    verdict,
+)
 from policy.prompt import PromptRenderer
 from policy.server import VLLMServer
 from runtime.base.messages import Trajectory, Turn
@@ -62,36 +71,38 @@ def test_examples_are_labelled_by_the_evaluator_and_skip_infrastructure_failures
     example = orm_example(_trajectory("exited", 1.0))
     assert example is not None
     messages, label = example
-    assert label == "YES"
+    assert label == YES == "Yes"
     assert (
         '1. do(action="Click", element="4")\n2. (no valid action)\n3. exit(' in messages[1].content
     )
     assert messages[1].content.endswith("Final page:\nSKU: X1\n\nDone?")
     failed = orm_example(_trajectory("max_turns", 0.0))
-    assert failed is not None and failed[1] == "NO"
+    assert failed is not None and failed[1] == NO
     assert orm_example(_trajectory("interrupted", 0.0)) is None
     assert orm_example(_trajectory("error:browser", 0.0)) is None
 
 
 def test_verdict_sums_the_spellings_and_says_unjudged_when_neither_is_listed() -> None:
-    v = verdict({"YES": math.log(0.3), " yes": math.log(0.15), "NO": math.log(0.4), "Maybe": 0.0})
+    v = verdict({"Yes": math.log(0.3), " Yes": math.log(0.15), "No": math.log(0.4), "YES": 0.0})
     assert v.success is True
     assert v.p_yes == pytest.approx(0.45) and v.p_no == pytest.approx(0.4)
-    assert verdict({"NO": math.log(0.6), "YES": math.log(0.2)}).success is False
-    assert verdict({"NO": -math.inf, "YES": math.log(0.01)}).success is True
-    unjudged = verdict({"The": -0.1, "I": -2.0})
+    assert verdict({"No": math.log(0.6), "Yes": math.log(0.2)}).success is False
+    assert verdict({"No": -math.inf, "Yes": math.log(0.01)}).success is True
+    unjudged = verdict({"The": -0.1, "YES": -2.0})
     assert unjudged.success is None and unjudged.p_yes == unjudged.p_no == 0.0
     assert verdict({}).success is None
+    assert verdict({"Y": -0.1, "N": -3.0}, yes="Y", no="N").success is True
 
 
 async def test_judge_asks_for_one_token_and_its_top_logprobs(tiny_model: Path) -> None:
     renderer = PromptRenderer.from_model(tiny_model)
+    yes, no = (renderer.decode([i]) for i in first_tokens(renderer))  # "Y", "N" here
     seen: list[dict[str, object]] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(json.loads(request.content))
-        top = [{"NO": -0.2, "YES": -1.9, "Well": -3.0}]
-        choice = {"text": "NO", "logprobs": {"token_logprobs": [-0.2], "top_logprobs": top}}
+        top = [{yes: -1.9, no: -0.2, "Well": -3.0}]
+        choice = {"text": no, "logprobs": {"token_logprobs": [-0.2], "top_logprobs": top}}
         return httpx.Response(200, json={"model": "orm@v1", "choices": [choice]})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
@@ -136,4 +147,5 @@ async def test_first_token_top_on_the_real_server(
     assert sum(math.exp(lp) for lp in top.values()) <= 1.0 + 1e-4
     best = max(top, key=lambda token: top[token])
     assert greedy.logprobs[0] == pytest.approx(top[best], abs=1e-3)
-    assert judged == verdict(top)
+    yes, no = (renderer.decode([i]).strip() for i in first_tokens(renderer))
+    assert judged == verdict(top, yes=yes, no=no)

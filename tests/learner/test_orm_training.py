@@ -1,0 +1,99 @@
+"""Training WebRL's outcome reward model on labelled rollouts with BC's loop (tiny model)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from learner.errors import LearnerError
+from learner.orm_training import label_ids, orm_examples, train_orm
+from policy.prompt import PromptRenderer
+from runtime.base.config import BCConfig, LearnerConfig
+from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
+
+PRODUCTS = ["Amber Lamp", "Birch Desk", "Cedar Chair", "Dune Rug", "Elm Shelf", "Fern Vase"]
+
+
+def _rollouts(n: int, seed: int) -> list[TrajectoryGroup]:
+    """Price edits: a success ends on the saved page, a failure before saving; one task and
+    group each (so the held-out split is by rollout). A quarter are infrastructure errors."""
+    rng = random.Random(seed)
+    groups = []
+    for i in range(n):
+        product, price = rng.choice(PRODUCTS), f"{rng.randint(10, 99)}.{rng.randint(0, 99):02d}"
+        saved = rng.random() < 0.5
+        page = f'Edit Product: {product}\ninput price = "{price}" [8]\nbutton Save [11]'
+        final = f"You saved the product.\n{page}" if saved else page
+        turns = [
+            Turn(index=0, url="http://x/", observation=page, observation_digest="",
+                 text=f'<think>Set it.</think><answer>do(action="Type", argument="{price}", '
+                 'element="8")</answer>'),
+            Turn(index=1, url="http://x/", observation=final, observation_digest="",
+                 text='<think>Done.</think><answer>exit(message="")</answer>'),
+        ]  # fmt: skip
+        status = "error:browser" if i % 4 == 3 else "exited"
+        trajectory = Trajectory(
+            episode_id=f"g{i}-0", group_id=f"g{i}", task_id=i,
+            intent=f"Change the price of {product} to ${price}.", turns=turns,
+            reward=1.0 if saved else 0.0, status=status,
+        )  # fmt: skip
+        groups.append(
+            TrajectoryGroup(group_id=f"g{i}", task_id=i, trajectories=[trajectory], created_at=0.0)
+        )
+    return groups
+
+
+def test_examples_label_the_first_token_and_leave_errors_out(tiny_model: Path) -> None:
+    renderer = PromptRenderer.from_model(tiny_model)
+    groups = _rollouts(16, seed=0)
+    examples = orm_examples(groups, renderer)
+    assert len(examples) == 12  # 4 of 16 were infrastructure errors
+    yes, no = label_ids(renderer)
+    assert yes != no
+    for example, group in zip(
+        examples, [g for i, g in enumerate(groups) if i % 4 != 3], strict=True
+    ):
+        success = group.trajectories[0].reward > 0
+        assert example.completion_ids[0] == (yes if success else no)
+        assert example.completion_ids[-1] == renderer.eos_token_id
+        assert example.action_mask[0] and not any(example.action_mask[1:])
+
+
+def test_the_judge_learns_the_evaluators_labels_and_is_written_as_an_adapter(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    config = BCConfig(
+        max_steps=80, batch_size=8, learning_rate=3e-3, warmup_steps=2, eval_every_steps=40,
+        eval_examples=16, heldout_fraction=0.25, prompt_loss=0.0, seed=0,
+    )  # fmt: skip
+    report = train_orm(
+        _rollouts(160, seed=1), base_model=tiny_model, out=tmp_path / "orm", config=config,
+        lora=LearnerConfig(),
+    )  # fmt: skip
+    held = report.heldout
+    assert held.examples == 30 and 0 < held.positives < held.examples
+    assert held.accuracy >= 0.9, held
+    assert held.precision >= 0.85 and held.recall >= 0.85, held
+    assert report.bc.heldout_success == held.accuracy
+
+    lora = train_orm(
+        _rollouts(24, seed=2), base_model=tiny_model, out=tmp_path / "orm-lora",
+        config=msgspec.structs.replace(config, max_steps=2, mode="lora"),
+        lora=LearnerConfig(lora_rank=4, lora_alpha=8),
+    )  # fmt: skip
+    assert lora.bc.mode == "lora"
+    written = {p.name for p in (tmp_path / "orm-lora").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "bc.json"} <= written
+    assert "model.safetensors" not in written  # not merged: the policy's server serves it
+
+
+def test_rollouts_of_one_label_are_refused(tiny_model: Path, tmp_path: Path) -> None:
+    failures = [g for g in _rollouts(40, seed=3) if g.trajectories[0].reward == 0]
+    with pytest.raises(LearnerError, match="both labels"):
+        train_orm(
+            failures, base_model=tiny_model, out=tmp_path / "x",
+            config=BCConfig(max_steps=1, prompt_loss=0.0), lora=LearnerConfig(),
+        )  # fmt: skip
