@@ -27,7 +27,15 @@ from policy.prompt import PromptRenderer
 from runtime.base.config import BCConfig, LearnerConfig
 from runtime.base.messages import TrajectoryGroup
 
-__all__ = ["OrmReport", "OrmScores", "label_ids", "orm_examples", "score_orm", "train_orm"]
+__all__ = [
+    "OrmReport",
+    "OrmScores",
+    "label_ids",
+    "load_judge",
+    "orm_examples",
+    "score_orm",
+    "train_orm",
+]
 
 
 @dataclass(frozen=True)
@@ -139,3 +147,27 @@ def train_orm(
         evaluate_success=scores, merge=False,
     )  # fmt: skip
     return OrmReport(bc=report, train=final["train"], heldout=final["heldout"])
+
+
+def load_judge(folder: str | Path) -> tuple[Any, PromptRenderer, tuple[int, int]]:
+    """A judge `train_orm` wrote, for `score_orm`: (the torch model in eval mode, its
+    renderer, the Yes and No token ids). An adapter is put on the base model it names."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    path = Path(folder)
+    adapter = path / "adapter_config.json"
+    model: Any
+    try:
+        if adapter.is_file():
+            from peft import PeftModel
+
+            base = json.loads(adapter.read_text())["base_model_name_or_path"]
+            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LearnerError(f"{path} is not a judge from `webagent orm train`: {exc}") from exc
+    renderer = PromptRenderer.from_model(path)
+    return model.eval(), renderer, label_ids(renderer)

@@ -27,6 +27,7 @@ _COMMANDS = (
     "rollout",
     "demos",
     "bc",
+    "orm",
     "model",
     "sites",
     "tasks",

@@ -97,3 +97,26 @@ def test_rollouts_of_one_label_are_refused(tiny_model: Path, tmp_path: Path) -> 
             failures, base_model=tiny_model, out=tmp_path / "x",
             config=BCConfig(max_steps=1, prompt_loss=0.0), lora=LearnerConfig(),
         )  # fmt: skip
+
+
+def test_cli_trains_and_scores_a_judge(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runtime.cli import main
+
+    store = tmp_path / "rollouts.jsonl"
+    store.write_bytes(b"".join(msgspec.json.encode(g) + b"\n" for g in _rollouts(40, seed=4)))
+    out = tmp_path / "orm"
+    args = ["orm", "train", "--rollouts", str(store), "--base", str(tiny_model), "--out", str(out)]
+    assert main([*args, "--max-steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 steps" in printed and "held-out:" in printed and "precision" in printed
+    assert main([*args, "--max-steps", "1"]) == 2  # the folder exists
+    assert "exists" in capsys.readouterr().err
+    assert main(["orm", "eval", "--model", str(out), "--rollouts", str(store)]) == 0
+    assert "rollouts: 30 episodes" in capsys.readouterr().out  # 10 of 40 were errors
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("nonsense\n")
+    assert main(["orm", "eval", "--model", str(out), "--rollouts", str(bad)]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
+    assert main(["orm", "eval", "--model", str(tmp_path), "--rollouts", str(store)]) == 2
