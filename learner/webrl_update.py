@@ -1,0 +1,98 @@
+"""One WebRL actor update on a phase's turns: the critic's values give each turn its
+advantage, the KL-constrained loss moves the policy's log-ratio to the reference toward
+A / beta.
+
+The reference policy is the one that produced the phase's rollouts (WebRL's pi_ref, the
+previous phase's policy), so its log-probs are the server's sampled ones
+(`Turn.completion_logprobs`); a turn without them cannot be trained and is a `BatchError`
+naming it. The policy's own log-probs are taken at the temperature the server sampled at,
+as the M-GRPO learner does. Each turn is one action; the actions of a batch weigh
+1/N each, so micro-batches (`learner.batch.micro_batches`, cut by padded tokens) add up to
+the batch's loss and gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from learner.batch import TurnSample, collate, micro_batches, policy_logprobs
+from learner.critic import Critic, CriticExample
+from learner.errors import BatchError
+from learner.webrl import ActorParts, actor_loss, step_advantages
+from runtime.base.messages import EVALUATED_STATUSES, TrajectoryGroup
+
+__all__ = ["actor_samples", "actor_step"]
+
+
+def actor_samples(
+    groups: Sequence[TrajectoryGroup], critic: Critic, *, lam: float, gamma: float
+) -> list[TurnSample]:
+    """One sample per turn of every evaluated episode, its advantage from the critic's
+    values of the episode's states (`step_advantages`), each weighing 1/N."""
+    import torch
+
+    rows: list[tuple[str, str, int, list[int], list[int], list[float], float]] = []
+    for group in groups:
+        for trajectory in group.trajectories:
+            if trajectory.status not in EVALUATED_STATUSES or not trajectory.turns:
+                continue
+            for turn in trajectory.turns:
+                where = f"episode {trajectory.episode_id}, turn {turn.index}"
+                if not turn.prompt_token_ids or not turn.completion_token_ids:
+                    raise BatchError(f"{where}: no token ids to train on")
+                if len(turn.completion_logprobs) != len(turn.completion_token_ids):
+                    raise BatchError(f"{where}: no reference log-probs for its completion")
+            states = [
+                CriticExample(
+                    task_id=trajectory.task_id, episode_id=trajectory.episode_id,
+                    turn=turn.index, prompt_ids=tuple(turn.prompt_token_ids), outcome=0,
+                )
+                for turn in trajectory.turns
+            ]  # fmt: skip
+            values = torch.tensor(critic.values(states), dtype=torch.float64)
+            outcome = int(trajectory.reward > 0)
+            advantages = step_advantages(values, outcome, lam=lam, gamma=gamma).tolist()
+            rows.extend(
+                (group.group_id, trajectory.episode_id, turn.index, turn.prompt_token_ids,
+                 turn.completion_token_ids, turn.completion_logprobs, advantage)
+                for turn, advantage in zip(trajectory.turns, advantages, strict=True)
+            )  # fmt: skip
+    weight = 1.0 / len(rows) if rows else 0.0
+    return [
+        TurnSample(
+            group_id=gid, episode_id=eid, turn=index, prompt_ids=tuple(prompt),
+            completion_ids=tuple(completion), mask=(True,) * len(completion),
+            old_logprobs=tuple(logprobs), advantage=advantage, weight=weight,
+        )
+        for gid, eid, index, prompt, completion, logprobs, advantage in rows
+    ]  # fmt: skip
+
+
+def actor_step(
+    model: Any,
+    optimizer: Any,
+    samples: Sequence[TurnSample],
+    *,
+    beta: float,
+    temperature: float,
+    token_budget: int,
+    pad_id: int,
+) -> ActorParts:
+    """One optimizer step over `samples` (their weights summing to one); returns the
+    batch's loss and metrics, summed over its micro-batches."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    totals = [torch.zeros(()) for _ in ActorParts._fields]
+    device = next(model.parameters()).device
+    for chunk in micro_batches(samples, token_budget):
+        mb = collate(chunk, pad_id=pad_id).to(device)
+        logp_new = policy_logprobs(model, mb, temperature=temperature)
+        mask = mb.weights > 0
+        row_weights = mb.weights.amax(dim=1)  # every trained token of a row has its weight
+        parts = actor_loss(logp_new, mb.old_logprobs, mb.advantages, mask, row_weights, beta=beta)
+        parts.loss.backward()  # type: ignore[no-untyped-call]
+        totals = [t + p.detach().cpu() for t, p in zip(totals, parts, strict=True)]
+    optimizer.step()
+    return ActorParts(*totals)
