@@ -401,7 +401,8 @@ class BCConfig(_Section, frozen=True):
     # the same 120 held-out turns had a reply NLL of 0.194 against 0.256 at 1e-3 (108
     # steps), whole replies right 25% against 18%; free-running on 248 test turns 23%
     # against 18% (bench.freerun); greedy on 40 test tasks 1 against 0 solved, 3 episodes
-    # ended repeating an action against 19 (docs/model.md).
+    # ended repeating an action against 19. 3e-3 and 4e-3 were no better on an idle machine
+    # (NLL 0.154, 0.163 against 0.152 at 2e-3; docs/model.md).
     learning_rate: PositiveFloat = 2e-3
     batch_size: Positive = 4
     warmup_steps: NonNegative = 5
