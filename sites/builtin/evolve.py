@@ -59,7 +59,7 @@ class Evolver:
         self._templates = templates()
         self._spare = spare_candidates(seed)
         self._length = {
-            tid: len(plan_for(task_from(self._templates[tid], pool[0], task_id=0, seed=seed)))
+            tid: len(task_from(self._templates[tid], pool[0], task_id=0, seed=seed)[1])
             for tid, pool in self._spare.items()
             if pool
         }
@@ -73,14 +73,12 @@ class Evolver:
         out = Evolution()
         for parent in failed:
             try:
+                if parent.extra_fields.get(SEED_FIELD) != self.seed:
+                    raise NotInSuiteError(f"task {parent.task_id}: another seed's suite")
                 length = len(plan_for(parent))
             except NotInSuiteError:
                 out.skipped.append(parent.task_id)
                 continue
-            if parent.extra_fields.get(SEED_FIELD) != self.seed:
-                out.skipped.append(parent.task_id)
-                continue
-            assert isinstance(parent.intent_template_id, int)  # plan_for checked it
             made = 0
             for k in range(per_parent):
                 for kind in KINDS[k % 3 :] + KINDS[: k % 3]:  # this kind first, then the rest
@@ -94,7 +92,7 @@ class Evolver:
         return out
 
     def _pick(self, kind: str, parent: TaskConfig, length: int) -> int | None:
-        own = parent.intent_template_id
+        own = parent.intent_template_id  # an int: plan_for accepted the parent
         if kind == "instance":
             return own if isinstance(own, int) and self.remaining(own) else None
         site = parent.sites[0] if parent.sites else None
@@ -111,7 +109,9 @@ class Evolver:
     def _child(self, template_id: int, parent: TaskConfig, phase: int, kind: str) -> TaskConfig:
         pool = self._spare[template_id]
         params = pool.pop(self.rng.randrange(len(pool)))
-        task = task_from(self._templates[template_id], params, task_id=self.next_id, seed=self.seed)
+        task, _ = task_from(
+            self._templates[template_id], params, task_id=self.next_id, seed=self.seed
+        )
         self.next_id += 1
         extra = {
             **task.extra_fields,

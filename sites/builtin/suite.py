@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from runtime.base.messages import (
     OracleStep,
     TaskConfig,
 )
 from sites.builtin import tasks_admin, tasks_code, tasks_forum, tasks_map, tasks_shop
-from sites.builtin.data import World, build_world
+from sites.builtin.data import build_world
 from sites.builtin.errors import NotInSuiteError
 from sites.builtin.template_kit import PLACEHOLDER, Built, Template
 from sites.builtin.tenants import Tenant
@@ -103,41 +103,34 @@ def _task(
     )
 
 
-def _shuffled_candidates(
-    template: Template, world: World, base: Tenant, seed: int
-) -> list[dict[str, str]]:
-    candidates = template.candidates(world, base)
-    random.Random(f"{seed}:template:{template.id}").shuffle(candidates)
-    return candidates
-
-
-def _in_distribution_per_site(all_templates: list[Template]) -> dict[str, int]:
+def _allotted(seed: int) -> Iterator[tuple[Template, list[dict[str, str]], int]]:
+    """Each template with its candidates in their seeded shuffled order and how many of
+    them go to test (0 for an ood template; the next `train_cap` go to train, or to ood)."""
+    world = build_world(seed)
+    base = Tenant("seeded-data")
+    all_templates = _templates()
     per_site: dict[str, int] = {}
     for template in all_templates:
         if not template.ood:
             per_site[template.site] = per_site.get(template.site, 0) + 1
-    return per_site
-
-
-def _test_count(template: Template, n_candidates: int, per_site: Mapping[str, int]) -> int:
-    """How many of an in-distribution template's shuffled candidates go to test (the
-    next `train_cap` go to train)."""
-    return min(math.ceil(TEST_PER_SITE / per_site[template.site]), n_candidates // 2)
+    for template in all_templates:
+        candidates = template.candidates(world, base)
+        random.Random(f"{seed}:template:{template.id}").shuffle(candidates)
+        n_test = 0
+        if not template.ood:
+            n_test = min(math.ceil(TEST_PER_SITE / per_site[template.site]), len(candidates) // 2)
+        yield template, candidates, n_test
 
 
 def generate_suite(seed: int = 0) -> dict[str, list[TaskConfig]]:
     """{"train": [...], "test": [...], "ood": [...]}: deterministic for a seed."""
     world = build_world(seed)
     base = Tenant("seeded-data")
-    all_templates = _templates()
-    per_site = _in_distribution_per_site(all_templates)
     splits: dict[str, list[tuple[Template, dict[str, str]]]] = {"train": [], "test": [], "ood": []}
-    for template in all_templates:
-        candidates = _shuffled_candidates(template, world, base, seed)
+    for template, candidates, n_test in _allotted(seed):
         if template.ood:
             splits["ood"].extend((template, c) for c in candidates[: template.train_cap])
             continue
-        n_test = _test_count(template, len(candidates), per_site)
         splits["test"].extend((template, c) for c in candidates[:n_test])
         splits["train"].extend(
             (template, c) for c in candidates[n_test : n_test + template.train_cap]
@@ -156,25 +149,20 @@ def spare_candidates(seed: int) -> dict[int, list[dict[str, str]]]:
     """Per in-distribution template id, the instantiations `generate_suite(seed)` leaves
     out of every split (past its test share and `train_cap`), in its shuffled order: a
     task made from one is new and never a test or ood task. Ood templates are not listed."""
-    world = build_world(seed)
-    base = Tenant("seeded-data")
-    all_templates = _templates()
-    per_site = _in_distribution_per_site(all_templates)
-    spare: dict[int, list[dict[str, str]]] = {}
-    for template in all_templates:
-        if template.ood:
-            continue
-        candidates = _shuffled_candidates(template, world, base, seed)
-        used = _test_count(template, len(candidates), per_site) + template.train_cap
-        spare[template.id] = candidates[used:]
-    return spare
+    return {
+        template.id: candidates[n_test + template.train_cap :]
+        for template, candidates, n_test in _allotted(seed)
+        if not template.ood
+    }
 
 
-def task_from(template: Template, params: dict[str, str], *, task_id: int, seed: int) -> TaskConfig:
-    """A task of the built-in suite's form (its plan rebuilt by `plan_for`) from one of
-    `template`'s instantiations on the seeded data."""
+def task_from(
+    template: Template, params: dict[str, str], *, task_id: int, seed: int
+) -> tuple[TaskConfig, list[OracleStep]]:
+    """A task of the built-in suite's form (`plan_for` rebuilds its plan) from one of
+    `template`'s instantiations on the seeded data, and its plan."""
     built = template.build(build_world(seed), Tenant("seeded-data"), params)
-    return _task(template, built, params, task_id, seed)
+    return _task(template, built, params, task_id, seed), built.plan
 
 
 def plan_for(task: TaskConfig) -> list[OracleStep]:
