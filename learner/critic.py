@@ -91,12 +91,12 @@ class Critic:
         last = out.hidden_states[-1][0, -1]
         return self.head(last.to(self.head.weight.dtype)).squeeze(-1)
 
-    def values(self, examples: Sequence[CriticExample]) -> list[float]:
-        """V = sigmoid(logit) of each state, without grad."""
+    def values(self, prompts: Sequence[Sequence[int]]) -> list[float]:
+        """V = sigmoid(logit) of each state (its prompt ids), without grad."""
         import torch
 
         with torch.no_grad():
-            return [float(torch.sigmoid(self.logit(e.prompt_ids))) for e in examples]
+            return [float(torch.sigmoid(self.logit(ids))) for ids in prompts]
 
     def step(self, optimizer: Any, batch: Sequence[CriticExample]) -> float:
         """One optimizer step on a batch (weights 1/len(batch)); returns the batch's loss.

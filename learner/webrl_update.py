@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from learner.batch import TurnSample, collate, micro_batches, policy_logprobs
-from learner.critic import Critic, CriticExample
+from learner.critic import Critic
 from learner.errors import BatchError
 from learner.webrl import ActorParts, actor_loss, step_advantages
 from runtime.base.messages import EVALUATED_STATUSES, TrajectoryGroup
@@ -43,14 +43,9 @@ def actor_samples(
                     raise BatchError(f"{where}: no token ids to train on")
                 if len(turn.completion_logprobs) != len(turn.completion_token_ids):
                     raise BatchError(f"{where}: no reference log-probs for its completion")
-            states = [
-                CriticExample(
-                    task_id=trajectory.task_id, episode_id=trajectory.episode_id,
-                    turn=turn.index, prompt_ids=tuple(turn.prompt_token_ids), outcome=0,
-                )
-                for turn in trajectory.turns
-            ]  # fmt: skip
-            values = torch.tensor(critic.values(states), dtype=torch.float64)
+            values = torch.tensor(
+                critic.values([t.prompt_token_ids for t in trajectory.turns]), dtype=torch.float64
+            )
             outcome = int(trajectory.reward > 0)
             advantages = step_advantages(values, outcome, lam=lam, gamma=gamma).tolist()
             rows.extend(

@@ -69,7 +69,8 @@ def _train(args: argparse.Namespace) -> int:
     from learner.errors import LearnerError, TrainingError
     from learner.orm_training import train_orm
 
-    bc = load_config(args.config).bc
+    config = load_config(args.config)
+    bc = config.bc
     for flag, field, value in (
         ("--max-steps", "max_steps", args.max_steps),
         ("--max-minutes", "max_minutes", args.max_minutes),
@@ -86,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         report = train_orm(
             _groups(args.rollouts), base_model=args.base, out=out, config=bc,
-            lora=load_config(args.config).learner,
+            lora=config.learner,
         )  # fmt: skip
     except TrainingError as exc:
         print(f"webagent: orm train failed: {exc}")

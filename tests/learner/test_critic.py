@@ -80,7 +80,7 @@ def test_the_critic_learns_which_states_succeed(tiny_qwen: Callable[..., Any]) -
     held = critic_examples(_groups(30, seed=4))
 
     def mean_values(examples: list[CriticExample]) -> tuple[float, float]:
-        values = critic.values(examples)
+        values = critic.values([e.prompt_ids for e in examples])
         good = [v for v, e in zip(values, examples, strict=True) if e.outcome]
         bad = [v for v, e in zip(values, examples, strict=True) if not e.outcome]
         return sum(good) / len(good), sum(bad) / len(bad)

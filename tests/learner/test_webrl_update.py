@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from learner.batch import collate, policy_logprobs
-from learner.critic import Critic, CriticExample
+from learner.critic import Critic
 from learner.errors import BatchError
 from learner.webrl_update import actor_samples, actor_step
 from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
@@ -75,10 +75,7 @@ def test_samples_take_their_advantage_from_the_critic(tiny_qwen: Callable[..., A
     assert len(samples) == len(turns)
     assert sum(s.weight for s in samples) == pytest.approx(1.0)
     first = groups[0].trajectories[0]  # a success
-    values = critic.values(
-        [CriticExample(task_id=0, episode_id="", turn=t.index, prompt_ids=tuple(t.prompt_token_ids),
-                       outcome=0) for t in first.turns]
-    )  # fmt: skip
+    values = critic.values([t.prompt_token_ids for t in first.turns])
     last = len(values) - 1
     want_last = 0.5 * (1 - values[last]) + 0.5 * (1 - values[last])  # r_T + 0 - V, MC 1 - V
     mine = [s for s in samples if s.episode_id == first.episode_id]
