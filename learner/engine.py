@@ -279,6 +279,7 @@ class Engine:
                 step, warmup=cfg.warmup_steps, schedule=cfg.schedule, total=cfg.total_steps
             ),
         )
+        self._open_extra()
         if saved is None:
             self.state = LearnerState(
                 version=0,
@@ -302,6 +303,15 @@ class Engine:
             )
         return self.state
 
+    def _open_extra(self) -> None:
+        """What a subclass builds besides the policy before a checkpoint is restored."""
+
+    def _write_extra(self, folder: Path) -> None:
+        """A subclass's own files of a checkpoint, written into its temporary `folder`."""
+
+    def _restore_extra(self, saved: SavedCheckpoint) -> None:
+        """Restore what `_write_extra` wrote (the policy's state is restored already)."""
+
     def _autocast(self) -> AbstractContextManager[Any]:
         return compute_autocast(self.config.compute_dtype, self._device)
 
@@ -323,6 +333,7 @@ class Engine:
             self._optimizer.load_state_dict(torch.load(saved.optimizer_file, weights_only=True))
             self._scheduler.load_state_dict(torch.load(saved.scheduler_file, weights_only=True))
             rng = torch.load(saved.rng_file, weights_only=True)
+            self._restore_extra(saved)
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"{saved.path}: cannot restore ({exc})") from exc
         torch.set_rng_state(rng["torch"])
@@ -370,6 +381,7 @@ class Engine:
             cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
             rng = {"torch": torch.get_rng_state(), "cuda": cuda}
             torch.save(rng, folder / "rng.pt")
+            self._write_extra(folder)
 
         return write_checkpoint(
             self.checkpoints_dir, self.state, write, keep=self.config.keep_checkpoints
@@ -453,6 +465,18 @@ class Engine:
             reward_mean=sum(rewards) / max(1, len(rewards)),
             train_s=time.perf_counter() - started,
         )
+        return self._commit(groups, set_aside, steps, metrics)
+
+    def _commit(
+        self,
+        groups: Sequence[TrajectoryGroup],
+        set_aside: Ledger,
+        steps: int,
+        metrics: dict[str, float],
+    ) -> UpdateResult:
+        """Version + 1 for `groups` trained in `steps` optimizer steps: the ledger, then
+        the adapter and the checkpoint; on a failure to save, nothing of it stays."""
+        assert self.state is not None
         trained = dict(self.state.ledger.trained)
         version = self.state.version + 1
         trained.update((g.group_id, version) for g in groups)

@@ -24,6 +24,12 @@
    `on_updating(False)` once its adapter is published or the update failed: the daemon
    holds new turns meanwhile when `max_staleness` is 0.
 
+With `learner.algorithm = "webrl"` the engine is `learner.webrl_engine.WebRLEngine` and
+an update is a WebRL phase: a group needs one evaluated episode, not two, and a group whose
+rewards are all equal is trained on too (the critic, not the group, is the baseline);
+`on_phase(groups, version)` (optional) is called once the phase's version is published,
+and `task_values` asks the critic about new tasks' first states.
+
 When the stream closes the loop returns; queued groups short of a batch stay in the
 journal and are trained after a restart. `hold()` (a stopping daemon, `max_updates`)
 starts no further update: groups still arriving are journaled and queued, and trained
@@ -50,7 +56,8 @@ from learner.checkpoint import ConsumedJournal, LearnerState, Ledger, prune_adap
 from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
 from learner.ranks import Ranks
-from runtime.base.config import LearnerConfig
+from learner.webrl_engine import WebRLEngine
+from runtime.base.config import LearnerConfig, WebRLConfig
 from runtime.base.messages import (
     EVALUATED_STATUSES,
     AdapterPublished,
@@ -69,6 +76,9 @@ Publish = Callable[[Path], Awaitable[None]]
 Emit = Callable[[Event], Awaitable[None]]
 ReadGroups = Callable[[Sequence[str]], Sequence[TrajectoryGroup]]
 OnUpdating = Callable[[bool], None]
+# WebRL: called with a phase's groups and the version they were trained into, once that
+# version is published (the curriculum's evolution, `runtime.evolution`).
+OnPhase = Callable[[Sequence[TrajectoryGroup], int], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +102,7 @@ class LearnerStatistics:
 
 
 class Learner:
-    """M-GRPO on a LoRA adapter, fed by a stream of `TrajectoryGroup`s."""
+    """M-GRPO (or WebRL) on a LoRA adapter, fed by a stream of `TrajectoryGroup`s."""
 
     def __init__(
         self,
@@ -107,17 +117,32 @@ class Learner:
         adapter_prefix: str = "policy",
         temperature: float = 1.0,
         on_updating: OnUpdating | None = None,
+        webrl: WebRLConfig | None = None,
+        on_phase: OnPhase | None = None,
     ) -> None:
         self.config = config
         self.out_dir = Path(out_dir)
-        self._engine = Engine(
-            config,
-            base_model=base_model,
-            out_dir=out_dir,
-            adapter_prefix=adapter_prefix,
-            decode=decode,
-            temperature=temperature,
-        )
+        self._webrl: WebRLEngine | None = None
+        self._engine: Engine
+        if config.algorithm == "webrl":
+            self._engine = self._webrl = WebRLEngine(
+                config,
+                webrl or WebRLConfig(),
+                base_model=base_model,
+                out_dir=out_dir,
+                adapter_prefix=adapter_prefix,
+                temperature=temperature,
+            )
+        else:
+            self._engine = Engine(
+                config,
+                base_model=base_model,
+                out_dir=out_dir,
+                adapter_prefix=adapter_prefix,
+                decode=decode,
+                temperature=temperature,
+            )
+        self._on_phase = on_phase
         self._ranks = Ranks(self._engine) if config.data_parallel > 1 else None
         self._publish = publish
         self._emit = emit
@@ -165,6 +190,14 @@ class Learner:
 
     def adapter_path(self, version: int) -> Path:
         return self._engine.adapter_path(version)
+
+    async def task_values(self, prompts: Sequence[Sequence[int]]) -> list[float]:
+        """WebRL: the critic's V(s_0, I) of tasks' first prompts, in the learner's thread
+        (after the update in progress, if one is)."""
+        engine = self._webrl
+        if engine is None:
+            raise TrainingError('task values need learner.algorithm = "webrl"')
+        return await self._in_thread(lambda: engine.task_values(prompts))
 
     def statistics(self) -> LearnerStatistics:
         state = self._engine.state
@@ -275,6 +308,9 @@ class Learner:
         self._seen.add(group.group_id)
         evaluated = [t for t in group.trajectories if t.status in EVALUATED_STATUSES]
         dropped = len(group.trajectories) - len(evaluated)
+        # M-GRPO compares a group's episodes with each other: it needs two that differ.
+        # WebRL's critic gives every episode its own baseline: one evaluated is enough.
+        fewest = 1 if self._webrl is not None else 2
         if dropped:
             self._dropped += dropped
             self._set_aside_dropped += dropped
@@ -284,7 +320,7 @@ class Learner:
                 dropped=dropped,
                 statuses=sorted({t.status for t in group.trajectories} - EVALUATED_STATUSES),
             )
-            if len(evaluated) < 2:
+            if len(evaluated) < fewest:
                 self._failed += 1
                 self._set_aside.failed.append(group.group_id)
                 return
@@ -298,7 +334,7 @@ class Learner:
                 "learner.stale_group", group_id=group.group_id, made_by=oldest, now=self.version
             )
             return
-        if not group.rewards_differ():
+        if self._webrl is None and not group.rewards_differ():
             self._zero_variance += 1
             self._set_aside.zero_variance.append(group.group_id)
             return
@@ -377,6 +413,8 @@ class Learner:
             )
         )
         self._last_update_s = time.perf_counter() - started
+        if self._on_phase is not None:
+            await self._on_phase(batch, result.version)
         with structlog.contextvars.bound_contextvars(adapter=result.adapter_path.name):
             log.info(
                 "learner.update",

@@ -13,6 +13,7 @@ the batch's loss and gradient.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,9 +74,11 @@ def actor_step(
     temperature: float,
     token_budget: int,
     pad_id: int,
+    grad_clip: float = math.inf,
 ) -> ActorParts:
-    """One optimizer step over `samples` (their weights summing to one); returns the
-    batch's loss and metrics, summed over its micro-batches."""
+    """One optimizer step over `samples` (their weights summing to one), the gradient's
+    norm clipped to `grad_clip`; returns the batch's loss and metrics, summed over its
+    micro-batches."""
     import torch
 
     optimizer.zero_grad(set_to_none=True)
@@ -89,5 +92,7 @@ def actor_step(
         parts = actor_loss(logp_new, mb.old_logprobs, mb.advantages, mask, row_weights, beta=beta)
         parts.loss.backward()  # type: ignore[no-untyped-call]
         totals = [t + p.detach().cpu() for t, p in zip(totals, parts, strict=True)]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optimizer.step()
     return ActorParts(*totals)

@@ -32,6 +32,7 @@ __all__ = [
     "SitesConfig",
     "WebArenaAccountConfig",
     "WebArenaInstanceConfig",
+    "WebRLConfig",
     "dump_config",
     "load_config",
 ]
@@ -302,9 +303,14 @@ class SchedulerConfig(_Section, frozen=True):
 
 
 class LearnerConfig(_Section, frozen=True):
-    """M-GRPO on a LoRA adapter."""
+    """The learner: M-GRPO (or WebRL, `[webrl]`) on a LoRA adapter."""
 
     enabled: bool = True
+    # "mgrpo": WebAgent-R1's on-policy groups and clipped loss (learner.engine). "webrl":
+    # WebRL's phases (learner.webrl_engine): each update is a phase of `batch_groups`
+    # groups, trained with a critic, the KL-constrained loss and a replay buffer, and its
+    # failed tasks seed new ones (runtime.evolution). Same runtime, store and hot-swap.
+    algorithm: Literal["mgrpo", "webrl"] = "mgrpo"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Data-parallel ranks on this host (learner.ranks): rank 0 is this process, ranks
     # 1..N-1 processes of their own; gloo on the CPU, NCCL on GPUs (rank k on GPU k).
@@ -387,6 +393,49 @@ class LearnerConfig(_Section, frozen=True):
     # max_staleness + 2, so that every adapter the server may still hold (and reload after
     # a restart) is on disk. A rank-8 LoRA of an 8B model is ~80 MB a version.
     keep_adapters: NonNegative = 16
+
+    def __post_init__(self) -> None:
+        if self.algorithm == "webrl" and self.data_parallel > 1:
+            raise ValueError('algorithm "webrl" trains on one rank: set data_parallel = 1')
+
+
+class WebRLConfig(_Section, frozen=True):
+    """WebRL (arXiv 2411.02337), when `learner.algorithm = "webrl"`. The phase is one
+    learner update (`learner.batch_groups` groups); `learner.optimizer_steps` actor steps
+    a phase, at `learner.learning_rate`."""
+
+    # A_t = lam (r_t + gamma V(s_t+1) - V(s_t)) + (1 - lam) (gamma^(T-t) r_T - V(s_t)),
+    # the paper's settings (learner.webrl.step_advantages).
+    lam: Fraction = 0.5
+    gamma: Fraction = 0.9
+    # The actor's loss (beta log(pi/pi_ref) - A)^2 moves an action's log-ratio (summed over
+    # its tokens) toward A / beta: 1.0 lets one phase move it by at most about one nat.
+    beta: PositiveFloat = 1.0
+    # Critic: V(s, I) = a LoRA of its own on the base model and a linear head, trained on
+    # every state of the phase's evaluated episodes: this many optimizer steps of
+    # `critic_batch` states each (drawn in shuffled passes), at this learning rate.
+    critic_steps: NonNegative = 8
+    critic_batch: Positive = 8
+    critic_learning_rate: PositiveFloat = 1e-3
+    # Replay: successful episodes of earlier phases (the newest `replay_size`); each
+    # phase draws at most `replay_ratio` x its new actions from them, then keeps those
+    # whose perplexity under the actor lies in [perplexity_low, perplexity_high].
+    replay_size: NonNegative = 256
+    replay_ratio: NonNegativeFloat = 2.0
+    perplexity_low: PositiveFloat = 1 / 0.95
+    perplexity_high: PositiveFloat = 1 / 0.5
+    # Curriculum: each failed task of a phase (no episode succeeded) gets up to this many
+    # new tasks of the built-in suite (0: none); one is run when the critic's value of its
+    # first state lies strictly between task_value_low and task_value_high.
+    evolve_per_parent: NonNegative = 2
+    task_value_low: Fraction = 0.05
+    task_value_high: Fraction = 0.75
+
+    def __post_init__(self) -> None:
+        if self.perplexity_low > self.perplexity_high:
+            raise ValueError("perplexity_low must not exceed perplexity_high")
+        if self.task_value_low >= self.task_value_high:
+            raise ValueError("task_value_low must be below task_value_high")
 
 
 class BCConfig(_Section, frozen=True):
@@ -567,6 +616,7 @@ class Config(_Section, frozen=True):
     policy: PolicyConfig = PolicyConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     learner: LearnerConfig = LearnerConfig()
+    webrl: WebRLConfig = WebRLConfig()
     bc: BCConfig = BCConfig()
     daemon: DaemonConfig = DaemonConfig()
     endpoint: EndpointConfig = EndpointConfig()
