@@ -85,10 +85,13 @@ class Curriculum:
         self._rounds: dict[str, int] = defaultdict(int)
         self._rewards: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
         self._again: deque[TaskConfig] = deque()
+        self._fresh: deque[TaskConfig] = deque()
 
     def next(self) -> TaskConfig:
         if self._again:
             return self._again.popleft()
+        if self._fresh:
+            return self._fresh.popleft()
         if self.kind == "uniform":
             return self._next_in_order()
         names = sorted(self._by_template)
@@ -99,6 +102,16 @@ class Curriculum:
         """Draw `task` next, before the order resumes: its group was lost to the
         infrastructure (a rollout worker that died) and says nothing about the policy."""
         self._again.append(task)
+
+    def add(self, tasks: Iterable[TaskConfig]) -> None:
+        """New tasks (WebRL's curriculum, `runtime.evolution`): each is drawn once next, in
+        the order given (after any put back by `again`), then joins the pool: the shuffled
+        order from the next epoch on, and its template's draws under "signal"."""
+        for task in tasks:
+            self._tasks.append(task)
+            self._by_template[template_of(task)].append(task)
+            self._template_of_id[task.task_id] = template_of(task)
+            self._fresh.append(task)
 
     def observe(self, task_id: int, outcomes: Iterable[tuple[float, str]]) -> None:
         """Remember a finished group's (reward, status) pairs under its task's template;

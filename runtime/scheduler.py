@@ -116,6 +116,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ control
 
+    def add_tasks(self, tasks: Sequence[TaskConfig]) -> None:
+        """New tasks of the training split (WebRL's curriculum): drawn next, each once,
+        then part of the pool (`Curriculum.add`)."""
+        self.tasks.extend(tasks)
+        self.curriculum.add(tasks)
+
     def pause(self) -> None:
         """No new turns (episodes wait before their next policy call) and no new groups."""
         self.rollout.gate.close("pause")

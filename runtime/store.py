@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import anyio
 import msgspec
@@ -28,10 +29,12 @@ from runtime.errors import StoreError
 
 __all__ = [
     "STORE_FILE",
+    "JsonLines",
     "TrajectoryStore",
     "iter_group_ids",
     "iter_groups",
     "iter_outcomes",
+    "json_lines",
     "read_group",
     "read_groups",
     "store_path",
@@ -66,8 +69,13 @@ def _torn_tail(fd: int, size: int) -> int:
     return size
 
 
-class TrajectoryStore:
-    """An open store, for appending. `with TrajectoryStore(path) as store: store.append(g)`."""
+class JsonLines:
+    """An append-only file of JSON lines, open for appending: each `append_line` is one
+    write and an fsync; a torn last line (a crash mid-write) is cut when it is opened.
+    `TrajectoryStore` is one for groups; WebRL's generated tasks are another
+    (`runtime.evolution`)."""
+
+    what = "file"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -77,9 +85,7 @@ class TrajectoryStore:
             created = not self.path.exists()
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
-            raise StoreError(
-                f"{self.path}: cannot open the trajectory store ({exc.strerror})"
-            ) from exc
+            raise StoreError(f"{self.path}: cannot open the {self.what} ({exc.strerror})") from exc
         try:
             if created:
                 fsync_dir(self.path.parent)
@@ -92,30 +98,27 @@ class TrajectoryStore:
                     "store.torn_tail_cut",
                     path=str(self.path),
                     bytes=self.repaired_bytes,
-                    reason="the last group was being written when a crash happened",
+                    reason="the last line was being written when a crash happened",
                 )
         except OSError as exc:
             os.close(self._fd)
-            raise StoreError(f"{self.path}: cannot check the store's last line ({exc})") from exc
+            raise StoreError(
+                f"{self.path}: cannot check the {self.what}'s last line ({exc})"
+            ) from exc
 
-    def append(self, group: TrajectoryGroup) -> None:
-        """Write `group` as one line and fsync; when this returns the group is durable."""
-        data = encode(group) + b"\n"
+    def append_line(self, data: bytes) -> None:
+        """Write `data` and a newline at once and fsync; durable when this returns."""
         with self._lock:
             if self._fd < 0:
-                raise StoreError(f"{self.path}: the store is closed")
+                raise StoreError(f"{self.path}: the {self.what} is closed")
             try:
-                view = memoryview(data)
+                view = memoryview(data + b"\n")
                 while view:
                     written = os.write(self._fd, view)
                     view = view[written:]
                 os.fsync(self._fd)
             except OSError as exc:
-                raise StoreError(f"{self.path}: cannot append a group ({exc.strerror})") from exc
-
-    async def append_async(self, group: TrajectoryGroup) -> None:
-        """`append` in a worker thread, so the event loop does not wait for fsync."""
-        await anyio.to_thread.run_sync(self.append, group)
+                raise StoreError(f"{self.path}: cannot append a line ({exc.strerror})") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -123,7 +126,7 @@ class TrajectoryStore:
                 os.close(self._fd)
                 self._fd = -1
 
-    def __enter__(self) -> TrajectoryStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -135,23 +138,37 @@ class TrajectoryStore:
         self.close()
 
 
+class TrajectoryStore(JsonLines):
+    """An open store, for appending. `with TrajectoryStore(path) as store: store.append(g)`."""
+
+    what = "trajectory store"
+
+    def append(self, group: TrajectoryGroup) -> None:
+        """Write `group` as one line and fsync; when this returns the group is durable."""
+        self.append_line(encode(group))
+
+    async def append_async(self, group: TrajectoryGroup) -> None:
+        """`append` in a worker thread, so the event loop does not wait for fsync."""
+        await anyio.to_thread.run_sync(self.append, group)
+
+
 def iter_groups(run_or_file: str | Path) -> Iterator[TrajectoryGroup]:
     """Every group of a store, oldest first; a torn last line is skipped and reported."""
     path = store_path(run_or_file)
-    for number, line in _lines(path, warn_torn=True):
+    for number, line in json_lines(path, warn_torn=True):
         try:
             yield decode_group(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise StoreError(f"{path}:{number}: not a trajectory group ({exc})") from exc
 
 
-def _lines(path: Path, *, warn_torn: bool = False) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of every complete, non-blank line of the store at `path`; a
-    torn last line (no newline) ends it."""
+def json_lines(path: Path, *, warn_torn: bool = False) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of every complete, non-blank line of the file at `path` (a
+    store, or another `JsonLines` file); a torn last line (no newline) ends it."""
     try:
         handle = path.open("rb")
     except OSError as exc:
-        raise StoreError(f"{path}: cannot read the trajectory store ({exc.strerror})") from exc
+        raise StoreError(f"{path}: cannot read {path.name} ({exc.strerror})") from exc
     with handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith(b"\n"):
@@ -193,7 +210,7 @@ def iter_outcomes(run_or_file: str | Path) -> Iterator[GroupOutcome]:
     path = store_path(run_or_file)
     if not path.exists():
         return
-    for number, line in _lines(path):
+    for number, line in json_lines(path):
         try:
             yield _outcome_decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -204,7 +221,7 @@ def iter_group_ids(run_or_file: str | Path) -> Iterator[str]:
     """The group id of every stored line, oldest first (a torn last line is skipped);
     only the id is decoded, so this is cheap on a long run's store."""
     path = store_path(run_or_file)
-    for number, line in _lines(path):
+    for number, line in json_lines(path):
         try:
             yield _id_decoder.decode(line).group_id
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -216,7 +233,7 @@ def read_groups(run_or_file: str | Path, group_ids: Iterable[str]) -> list[Traje
     wanted = set(group_ids)
     path = store_path(run_or_file)
     found: list[TrajectoryGroup] = []
-    for number, line in _lines(path):
+    for number, line in json_lines(path):
         try:
             if _id_decoder.decode(line).group_id not in wanted:
                 continue

@@ -31,7 +31,15 @@ from runtime.base.messages import TaskConfig
 from sites.builtin.errors import NotInSuiteError
 from sites.builtin.suite import SEED_FIELD, plan_for, spare_candidates, task_from, templates
 
-__all__ = ["EVOLVED_ID_BASE", "KINDS", "PARENT_FIELD", "PHASE_FIELD", "Evolution", "Evolver"]
+__all__ = [
+    "EVOLVED_ID_BASE",
+    "KINDS",
+    "KIND_FIELD",
+    "PARENT_FIELD",
+    "PHASE_FIELD",
+    "Evolution",
+    "Evolver",
+]
 
 EVOLVED_ID_BASE = 300_000
 PARENT_FIELD = "evolved_from"
@@ -67,6 +75,15 @@ class Evolver:
     def remaining(self, template_id: int) -> int:
         """Spare instantiations of a template not used yet."""
         return len(self._spare.get(template_id, []))
+
+    def used(self, task: TaskConfig) -> None:
+        """Mark a task made earlier (by this suite seed's evolution, read back after a
+        restart) as made: its instantiation is not given again, ids continue after it."""
+        template_id = task.intent_template_id
+        pool = self._spare.get(template_id, []) if isinstance(template_id, int) else []
+        if task.instantiation_dict in pool:
+            pool.remove(task.instantiation_dict)
+        self.next_id = max(self.next_id, task.task_id + 1)
 
     def evolve(self, failed: Sequence[TaskConfig], *, phase: int, per_parent: int) -> Evolution:
         """Up to `per_parent` new tasks for each failed parent, in the parents' order."""

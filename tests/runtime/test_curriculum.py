@@ -128,3 +128,19 @@ def test_a_task_lost_to_the_infrastructure_is_drawn_next(kind: CurriculumKind) -
     if kind == "uniform":
         rest = [curriculum.next() for _ in range(6)]
         assert sorted(t.task_id for t in first + rest) == list(range(9))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "signal"])
+def test_added_tasks_are_drawn_next_once_then_join_the_pool(kind: CurriculumKind) -> None:
+    tasks = [_task(i, template=i % 2) for i in range(4)]
+    curriculum = Curriculum(tasks, kind=kind, group_size=4, seed="s")
+    curriculum.next()
+    new = [_task(100, template=7), _task(101, template=0)]
+    curriculum.add(new)
+    lost = _task(2, template=0)
+    curriculum.again(lost)
+    assert [curriculum.next().task_id for _ in range(3)] == [2, 100, 101]
+    drawn = Counter(curriculum.next().task_id for _ in range(600))
+    assert set(drawn) == {0, 1, 2, 3, 100, 101}
+    if kind == "uniform":  # every task once an epoch, the added ones included
+        assert len(set(drawn.values())) <= 2

@@ -100,3 +100,14 @@ def test_parents_not_from_the_suite_are_skipped_and_counted() -> None:
     )
     assert out.skipped == [7, 8, 9]
     assert [t.extra_fields[PARENT_FIELD] for t in out.tasks] == [good.task_id]
+
+
+def test_tasks_read_back_after_a_restart_are_not_made_again() -> None:
+    parents = generate_suite(0)["train"][:10]
+    before = Evolver(0, rng=random.Random(1)).evolve(parents, phase=1, per_parent=2).tasks
+    resumed = Evolver(0, rng=random.Random(1))
+    for task in before:
+        resumed.used(task)
+    after = resumed.evolve(parents, phase=2, per_parent=2).tasks
+    assert after and not {_key(t) for t in after} & {_key(t) for t in before}
+    assert min(t.task_id for t in after) == max(t.task_id for t in before) + 1
