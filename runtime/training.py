@@ -24,12 +24,14 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from policy.prompt import build_messages
 from runtime.base.config import Config
-from runtime.base.messages import Event, TrajectoryGroup
+from runtime.base.messages import Event, TaskConfig, TrajectoryGroup
 from runtime.browser import BrowserPool
 from runtime.cluster import RayRollout, ray_rollout
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
+from runtime.evolution import TaskEvolution
 from runtime.policystack import PolicyStack
 from runtime.rollout import GroupRunner, Rollout
 from runtime.scheduler import Scheduler
@@ -75,6 +77,10 @@ class Training:
         self._supervisor = supervisor
         self._stopping = stopping
         self._record = record
+        self._run_dir = run_dir
+        # WebRL's curriculum on the built-in sites (made in `start`, once tasks are known).
+        self.evolution: TaskEvolution | None = None
+        webrl = config.learner.algorithm == "webrl"
         from learner.trainer import Learner  # torch: loaded only where training runs
 
         self.learner: Learner = Learner(
@@ -88,6 +94,8 @@ class Training:
             adapter_prefix=config.policy.adapter_prefix,
             temperature=config.policy.temperature,
             on_updating=self.hold_for_update if config.learner.max_staleness == 0 else None,
+            webrl=config.webrl,
+            on_phase=self._evolve if webrl else None,
         )
 
     def hold(self) -> None:
@@ -153,6 +161,19 @@ class Training:
             if not self._supervisor.is_up:
                 scheduler.hold_for_policy(True)  # released when the server is back
             self.scheduler = scheduler
+            if (
+                config.learner.algorithm == "webrl"
+                and config.sites.kind == "builtin"
+                and config.webrl.evolve_per_parent
+            ):
+                self.evolution = TaskEvolution(
+                    config,
+                    tasks=scheduler.tasks,
+                    run_dir=self._run_dir,
+                    values=self.learner.task_values,
+                    first_prompt=self._first_prompt,
+                )
+                await anyio.to_thread.run_sync(self.evolution.resume, scheduler.add_tasks)
             unjournaled = await anyio.to_thread.run_sync(
                 unseen_groups, self.store_path, self.learner.has_seen
             )
@@ -213,6 +234,24 @@ class Training:
     async def _emit(self, event: Event) -> None:
         self._record(event)
 
+    async def _evolve(self, groups: Sequence[TrajectoryGroup], version: int) -> None:
+        """WebRL's `on_phase`: the curriculum makes new tasks from the phase's failures."""
+        if self.evolution is not None:
+            await self.evolution.phase(groups, version)
+
+    def _first_prompt(self, task: TaskConfig, observation: str) -> list[int]:
+        """The prompt ids of a task's first turn on a start page showing `observation`,
+        as an episode builds them (`runtime.episode`)."""
+        settings = EpisodeSettings.from_config(self.config)
+        messages = build_messages(
+            task.intent,
+            [],
+            observation,
+            keep_thoughts=settings.keep_thoughts,
+            system_prompt=settings.system_prompt,
+        )
+        return self._stack.renderer.render(messages)
+
     async def _pump(
         self,
         groups: MemoryObjectReceiveStream[TrajectoryGroup],
@@ -228,6 +267,8 @@ class Training:
                     await learner.send(group)
                 async for group in groups:
                     await store.append_async(group)
+                    if self.evolution is not None:
+                        self.evolution.observe(group)
                     await learner.send(group)
             finally:
                 store.close()

@@ -118,12 +118,14 @@ def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield root
 
 
-def _config(root: Path, run_dir: Path, *, port: int) -> Path:
+def _config(
+    root: Path, run_dir: Path, *, port: int, tasks: Path | None = None, extra: str = ""
+) -> Path:
     path = run_dir.parent / f"{run_dir.name}.toml"
     path.write_text(
         f"""
 [sites]
-tasks = "{root / "tasks"}"
+tasks = "{tasks or root / "tasks"}"
 [observation]
 style = "compact"
 [policy]
@@ -152,6 +154,7 @@ drain_timeout_s = 20.0
 port = {port}
 token = "{TOKEN}"
 """
+        + extra
     )
     return path
 
@@ -279,6 +282,58 @@ def test_train_publishes_swaps_resumes_and_survives_sigkill(sku_model: Path) -> 
     trained_third = [g for line in _log_lines(log, "learner.update") for g in line["group_ids"]]
     everything = trained_first + trained_second + trained_third
     assert len(everything) == len(set(everything)), "a group was trained twice"
+
+
+def test_train_webrl_phases_evolve_failed_tasks_and_resume(sku_model: Path) -> None:
+    """`learner.algorithm = "webrl"` on the same daemon: each update a phase (critic, actor,
+    replay), the failed task's children recorded with parent and phase, and after a
+    restart they are read back and drawn first."""
+    from runtime.base.messages import decode_tasks, encode_tasks
+    from sites.builtin import generate_suite, plan_for
+
+    root = sku_model
+    sku = decode_tasks((root / "tasks" / "train.json").read_bytes())
+    # A task of the same site the policy cannot solve in 2 turns: it fails, every time.
+    hard = next(t for t in generate_suite(0)["train"] if t.sites == ["shopping"]
+                and len(plan_for(t)) >= 3)  # fmt: skip
+    folder = root / "webrl-tasks"
+    folder.mkdir()
+    for split in ("train", "test", "ood"):
+        (folder / f"{split}.json").write_bytes(encode_tasks([*sku, hard]))
+    run_dir = root / "webrl-run"
+    webrl = (
+        "[webrl]\ncritic_steps = 2\ncritic_batch = 4\nevolve_per_parent = 2\n"
+        "task_value_low = 0.0\ntask_value_high = 1.0\n"
+    )
+    config = _config(root, run_dir, port=free_port(), tasks=folder, extra=webrl)
+    text = config.read_text().replace("[learner]\n", '[learner]\nalgorithm = "webrl"\n')
+    config.write_text(text)
+    log = root / "webrl.log"
+
+    # Three phases of one group each: one epoch of the three tasks, the hard one among them.
+    done = _run(["train", "--config", str(config), "--max-updates", "3"], timeout=600, log=log)
+    assert done.returncode == 0, log.read_text()[-3000:]
+    events = _events(run_dir)
+    assert [e["version"] for e in events if e["event"] == "AdapterPublished"] == [0, 1, 2, 3]
+    updates = [e for e in events if e["event"] == "UpdateApplied"]
+    assert all(u["metrics"]["critic_loss"] > 0 and u["metrics"]["samples_new"] > 0
+               for u in updates)  # fmt: skip
+    records = [json.loads(x) for x in (run_dir / "evolved_tasks.jsonl").read_text().splitlines()]
+    children = [r for r in records if r["parent"] == hard.task_id]
+    assert len(children) == 2, records
+    assert all(r["kept"] and r["task"]["task_id"] >= 300_000 for r in records)
+    assert {r["phase"] for r in records} <= {1, 2, 3}
+    phases = _log_lines(log, "evolution.phase")
+    assert sum(p["made"] for p in phases) == len(records)
+
+    # Again: resumes at v3 with the children read back; they are drawn before any other.
+    log.write_text("")
+    again = _run(["train", "--config", str(config), "--max-updates", "4"], timeout=600, log=log)
+    assert again.returncode == 0, log.read_text()[-3000:]
+    assert _log_lines(log, "learner.started")[0]["version"] == 3
+    assert _log_lines(log, "evolution.resumed")[0]["made"] == len(records)
+    first = _log_lines(log, "scheduler.group_started")[0]["task_id"]
+    assert first in {r["task"]["task_id"] for r in records}
 
 
 def _living(pids: set[int]) -> list[psutil.Process]:
