@@ -1,9 +1,9 @@
-"""WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, a BC-continued control and
-R1-Zero on the built-in suite.
+"""WebAgent-R1's experiment in miniature: BC, BC + M-GRPO, BC + WebRL, a BC-continued
+control and R1-Zero on the built-in suite.
 
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
-        [--arms bc,bc+rl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
+        [--arms bc,bc+rl,webrl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
         [--server-threads 0] [--curriculum uniform]
 
 The product's own commands are the system under test, run as subprocesses:
@@ -15,6 +15,9 @@ The product's own commands are the system under test, run as subprocesses:
     daemon's graceful stop) `--rl-minutes` after it published v0 (vLLM start-up and model
     loading are not charged), or at `--max-updates`;
 (c) R1-Zero: the same from the untrained base model, with the same budget;
+(e) BC + WebRL: (b) with `learner.algorithm = "webrl"` (phases of `--batch-groups` groups:
+    critic, KL-constrained actor update, replay of successes, new tasks evolved from the
+    failed ones), from the same checkpoint, settings and budget;
 (d) control: BC continued from (a)'s checkpoint for (b)'s wall time (`webagent bc` in its
     own process on TCMalloc, a fresh LoRA on the merged checkpoint), so that RL's gain is
     measured against more training, not only against less.
@@ -80,7 +83,7 @@ from bench.common import LoadSampler, format_table, load_note, pss_bytes, write_
 from runtime.base.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("bc", "bc+rl", "control", "r1-zero")
+ARMS = ("bc", "bc+rl", "webrl", "control", "r1-zero")
 _ADAPTER = re.compile(r"@v(\d+)$")
 _SUITE = {"test": 219, "ood": 120}  # tasks per split of the built-in suite (any seed)
 
@@ -143,7 +146,7 @@ def curves(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     fraction with mixed rewards (the only ones M-GRPO learns from). updates[k-1]: the
     metrics of update k (loss, clip_fraction, approx_kl, reward_mean of the trained groups).
     """
-    keys = ("loss", "clip_fraction", "approx_kl", "reward_mean", "grad_norm")
+    keys = ("loss", "clip_fraction", "approx_kl", "reward_mean", "grad_norm", "critic_loss")
     cells: list[dict[str, Any]] = [{"update": 0, "rewards": [], "groups": 0, "mixed": 0}]
     updates: list[dict[str, Any]] = []
     start: float | None = None
@@ -187,6 +190,7 @@ max_turns = {settings["train_max_turns"]}
 seed = {settings["seed"]}
 curriculum = "{settings["curriculum"]}"
 [learner]
+algorithm = "{settings.get("algorithm", "mgrpo")}"
 batch_groups = {settings["batch_groups"]}
 optimizer_steps = {settings["optimizer_steps"]}
 minibatches = {settings["minibatches"]}
@@ -227,13 +231,15 @@ def estimate_minutes(
     call_overhead_s: float,
     s_per_episode: Mapping[str, float],
     plan: Mapping[str, tuple[int, int]],
+    rl_stages: int = 3,
 ) -> float:
-    """Wall minutes of a run: BC, two RL arms and the control (budget + start/stop each),
-    three vLLM starts, and per arm `plan[arm]` = (`webagent eval` calls, episodes) at
-    `call_overhead_s` a call (process start, sites, browser) and `s_per_episode[arm]` an
-    episode."""
+    """Wall minutes of a run: BC, `rl_stages` stages of the RL budget (the RL arms and the
+    control: budget + start/stop each), three vLLM starts, and per arm `plan[arm]` =
+    (`webagent eval` calls, episodes) at `call_overhead_s` a call (process start, sites,
+    browser) and `s_per_episode[arm]` an episode."""
     evals = sum(c * call_overhead_s + n * s_per_episode.get(a, 0.0) for a, (c, n) in plan.items())
-    return bc_minutes + 3 * rl_minutes + (3 * rl_overhead_s + 3 * server_start_s + evals) / 60
+    overheads = rl_stages * rl_overhead_s + 3 * server_start_s
+    return bc_minutes + rl_stages * rl_minutes + (overheads + evals) / 60
 
 
 def planned(
@@ -249,6 +255,7 @@ def planned(
     return {
         "bc": (calls + scaling[0], headline + scaling[1]),
         "bc+rl": (calls + scaling[0], headline + scaling[1]),
+        "webrl": (calls, headline),
         "control": (calls, headline),
         "r1-zero": (calls, headline),
     }
@@ -641,13 +648,14 @@ class _Experiment:
             "seed": args.seed, "temperature": args.rl_temperature, "curriculum": args.curriculum,
             "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip
-        for arm, model in (("bc+rl", bc_dir), ("r1-zero", base)):
+        for arm, model in (("bc+rl", bc_dir), ("webrl", bc_dir), ("r1-zero", base)):
             if arm not in args.arms:
                 continue
             began = time.monotonic()
             budget = args.rl_minutes * 60
+            algorithm = "webrl" if arm == "webrl" else "mgrpo"
             run = _train(arm=arm, model=model, out=out, stamp=self.stamp, budget_s=budget,
-                         settings=settings)  # fmt: skip
+                         settings={**settings, "algorithm": algorithm})  # fmt: skip
             self.runs[arm] = run
             self._timed(f"rl_{arm}_s", began)
             updates = len(run["curves"]["updates"])
@@ -664,8 +672,9 @@ class _Experiment:
         def on_bc(evaluate: EvalFn) -> None:
             if "bc" in args.arms:
                 self._evaluate(evaluate, "bc", "model")
-            if "bc+rl" in args.arms:
-                self._evaluate(evaluate, "bc+rl", self.runs["bc+rl"]["adapter"])
+            for arm in ("bc+rl", "webrl"):
+                if arm in args.arms:
+                    self._evaluate(evaluate, arm, self.runs[arm]["adapter"])
 
         def on_base(evaluate: EvalFn) -> None:
             self._evaluate(evaluate, "r1-zero", self.runs["r1-zero"]["adapter"])
@@ -743,7 +752,7 @@ def _estimate(exp: _Experiment) -> float:
     return estimate_minutes(
         bc_minutes=d.bc_minutes, rl_minutes=d.rl_minutes,
         rl_overhead_s=statistics.mean(overheads) if overheads else 0.0,
-        server_start_s=statistics.mean(starts),
+        server_start_s=statistics.mean(starts), rl_stages=len(ARMS) - 1,
         call_overhead_s=overhead, s_per_episode=s_per_episode,
         plan=planned(seeds=d.seeds, eval_tasks=d.eval_tasks, scaling_tasks=d.scaling_tasks,
                      scaling_turns=d.scaling_turns, turns=d.max_turns),

@@ -109,6 +109,12 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.policy.cpu_threads == 2
     assert config.scheduler.curriculum == "signal"
     assert config.daemon.eval_every == 0 and not config.endpoint.enabled
+    assert config.learner.algorithm == "mgrpo"
+    rl.write_text(
+        learning.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r", data_dir=tmp_path / "d",
+                         settings={**settings, "algorithm": "webrl"})
+    )  # fmt: skip
+    assert load_config(rl).learner.algorithm == "webrl"
     ev = tmp_path / "eval.toml"
     ev.write_text(
         learning.eval_toml(model=tmp_path / "bc", url="http://127.0.0.1:1", run_dir=tmp_path,
@@ -127,6 +133,7 @@ def test_planned_calls_and_episodes_and_estimate() -> None:
     assert plan == {
         "bc": (11, 600 + 250),
         "bc+rl": (11, 600 + 250),
+        "webrl": (6, 600),
         "control": (6, 600),
         "r1-zero": (6, 600),
     }
@@ -140,6 +147,11 @@ def test_planned_calls_and_episodes_and_estimate() -> None:
     )  # fmt: skip
     # BC, three training stretches (RL, RL, control) with their overheads, three servers
     assert minutes == pytest.approx(15 + 60 + (180 + 90 + 20 + 60 + 10 + 60) / 60)
+    four = learning.estimate_minutes(
+        bc_minutes=15, rl_minutes=20, rl_overhead_s=60, server_start_s=30, call_overhead_s=10,
+        s_per_episode={"bc": 0.6}, plan={"bc": (2, 100)}, rl_stages=4,
+    )  # fmt: skip
+    assert four == pytest.approx(15 + 80 + (240 + 90 + 20 + 60) / 60)  # + the WebRL arm
 
 
 def test_parse_turns() -> None:
