@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from learner.webrl import critic_loss
-from runtime.base.messages import EVALUATED_STATUSES, TrajectoryGroup
+from runtime.base.messages import TrajectoryGroup
 
 __all__ = ["Critic", "CriticExample", "critic_examples"]
 
@@ -42,7 +42,7 @@ def critic_examples(groups: Sequence[TrajectoryGroup]) -> list[CriticExample]:
     out: list[CriticExample] = []
     for group in groups:
         for trajectory in group.trajectories:
-            if trajectory.status not in EVALUATED_STATUSES:
+            if not trajectory.scored:
                 continue
             outcome = int(trajectory.reward > 0)
             out.extend(

@@ -10,8 +10,9 @@
 3. for each group received: journal its id (fsynced), then
    - a group already seen (trained, set aside, or queued) is skipped (`duplicates`);
    - trajectories that ended by an infrastructure failure (`interrupted`, `error:*`: not in
-     `EVALUATED_STATUSES`) are dropped from their group, since their reward says nothing
-     about the policy; a group left with fewer than two is set aside (`failed`);
+     `EVALUATED_STATUSES`) or whose evaluation left a check unjudged are dropped from their
+     group (`Trajectory.scored`), since their reward says nothing about the policy; a
+     group left with fewer than two is set aside (`failed`);
    - a group whose oldest turn was made by a version more than `max_staleness` behind
      the current one is dropped (`stale`); a turn without a version (-1) counts as
      infinitely old;
@@ -306,7 +307,7 @@ class Learner:
 
     def _classify(self, group: TrajectoryGroup) -> None:
         self._seen.add(group.group_id)
-        evaluated = [t for t in group.trajectories if t.status in EVALUATED_STATUSES]
+        evaluated = [t for t in group.trajectories if t.scored]
         dropped = len(group.trajectories) - len(evaluated)
         # M-GRPO compares a group's episodes with each other: it needs two that differ.
         # WebRL's critic gives every episode its own baseline: one evaluated is enough.
@@ -319,6 +320,9 @@ class Learner:
                 group_id=group.group_id,
                 dropped=dropped,
                 statuses=sorted({t.status for t in group.trajectories} - EVALUATED_STATUSES),
+                unjudged=sum(
+                    t.status in EVALUATED_STATUSES and not t.scored for t in group.trajectories
+                ),
             )
             if len(evaluated) < fewest:
                 self._failed += 1

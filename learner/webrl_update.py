@@ -21,7 +21,7 @@ from learner.batch import TurnSample, collate, micro_batches, policy_logprobs
 from learner.critic import Critic
 from learner.errors import BatchError
 from learner.webrl import ActorParts, actor_loss, step_advantages
-from runtime.base.messages import EVALUATED_STATUSES, TrajectoryGroup
+from runtime.base.messages import TrajectoryGroup
 
 __all__ = ["actor_samples", "actor_step"]
 
@@ -36,7 +36,7 @@ def actor_samples(
     rows: list[tuple[str, str, int, list[int], list[int], list[float], float]] = []
     for group in groups:
         for trajectory in group.trajectories:
-            if trajectory.status not in EVALUATED_STATUSES or not trajectory.turns:
+            if not trajectory.scored or not trajectory.turns:
                 continue
             for turn in trajectory.turns:
                 where = f"episode {trajectory.episode_id}, turn {turn.index}"

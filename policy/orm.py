@@ -31,7 +31,7 @@ import msgspec
 
 from policy.client import CompletionClient
 from policy.prompt import PromptRenderer
-from runtime.base.messages import EVALUATED_STATUSES, ChatMessage, Trajectory
+from runtime.base.messages import ChatMessage, Trajectory
 
 __all__ = [
     "NO",
@@ -83,7 +83,7 @@ def _action_of(text: str) -> str:
 
 def orm_example(trajectory: Trajectory) -> tuple[list[ChatMessage], str] | None:
     """(the judge's messages, `YES` or `NO`) for an evaluated trajectory, else None."""
-    if trajectory.status not in EVALUATED_STATUSES or not trajectory.turns:
+    if not trajectory.scored or not trajectory.turns:
         return None
     actions = [_action_of(turn.text) for turn in trajectory.turns]
     messages = orm_messages(trajectory.intent, actions, trajectory.turns[-1].observation)

@@ -327,6 +327,14 @@ class Trajectory(_Msg, frozen=True):
     started_at: float = 0.0
     finished_at: float = 0.0
 
+    @property
+    def scored(self) -> bool:
+        """Whether its reward is a fact about the policy: the policy ended it (an evaluated
+        status) and no check was left unjudged (a fuzzy match without a judge, an outcome
+        reward model that answered neither Yes nor No). Learners train on these only."""
+        unjudged = self.evaluation is not None and self.evaluation.unjudged
+        return self.status in EVALUATED_STATUSES and not unjudged
+
 
 class TrajectoryGroup(_Msg, frozen=True):
     """G trajectories of one task; advantages are the learner's job."""

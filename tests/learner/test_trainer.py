@@ -485,3 +485,32 @@ async def test_infrastructure_failures_are_dropped_before_advantages(
     assert saved.state.ledger.failed == ["lone"]
     assert saved.state.ledger.zero_variance == ["all_zero_once_dropped"]
     assert saved.state.ledger.trained == {"a": 1, "b": 1}
+
+
+@pytest.mark.anyio
+async def test_trajectories_with_an_unjudged_check_are_dropped(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    """An evaluation that left a check unjudged (no judge for a fuzzy match, an outcome
+    reward model that said neither Yes nor No) has a reward of 0 that is not a failure."""
+    from runtime.base.messages import EvalCheck, Evaluation
+
+    rec = Recorder()
+    learner = Learner(
+        CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish, emit=rec.emit
+    )
+    unjudged = Evaluation(reward=0.0, checks=[EvalCheck(kind="orm", passed=None)], unjudged=True)
+    a = group(make_group, 1, "a", [1, 0, 0], 0)
+    a = msgspec.structs.replace(
+        a,
+        trajectories=[
+            *a.trajectories[:2],
+            msgspec.structs.replace(a.trajectories[2], evaluation=unjudged),
+        ],
+    )
+    b = group(make_group, 2, "b", [0, 1], 0)
+    await feed(learner, [a, b])
+    (update,) = [e for e in rec.events if isinstance(e, UpdateApplied)]
+    assert update.trajectories_dropped == 1
+    kept = [*a.trajectories[:2], *b.trajectories]
+    assert update.metrics["samples"] == sum(len(t.turns) for t in kept)
