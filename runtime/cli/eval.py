@@ -10,7 +10,9 @@
 whose URLs come from the config and from WebArena's environment variables (SHOPPING,
 SHOPPING_ADMIN, REDDIT, GITLAB, MAP, WIKIPEDIA, HOMEPAGE; read here, at the edge).
 Storage states are made (or checked) before the run. Without `--tasks`, the tasks are
-the `--split` of the built-in suite (or of `sites.tasks` for WebArena).
+the `--split` of the built-in suite (or of `sites.tasks` for WebArena). `--orm DIR` then
+judges the run's evaluated episodes with WebRL's outcome reward model (`webagent orm
+train`) and scores it against the evaluators (`OUT/orm.json`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from policy.adapters import read_manifest
 from policy.errors import PolicyError
 from policy.profile import settle_auto
 from runtime.base.config import Config, load_config
+from runtime.base.files import write_atomic
 from runtime.base.messages import TaskConfig
 from runtime.browser import BrowserPool
 from runtime.errors import UsageError
@@ -85,6 +88,13 @@ def register(sub: Any) -> None:
         metavar="T",
         help="sampling temperature of the policy (default: daemon.eval_temperature, 0: greedy)",
     )
+    parser.add_argument(
+        "--orm",
+        metavar="DIR",
+        help="also judge the evaluated episodes with this outcome reward model (a judge "
+        "from `webagent orm train`): its accuracy, precision and recall against the "
+        "evaluators, printed and written to OUT/orm.json",
+    )
     parser.set_defaults(func=_eval)
 
 
@@ -95,6 +105,8 @@ def _checked(args: argparse.Namespace) -> Config:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     if args.temperature is not None and not 0 <= args.temperature <= 10:
         raise UsageError(f"--temperature must be between 0 and 10, not {args.temperature}")
+    if args.orm is not None and not Path(args.orm).is_dir():
+        raise UsageError(f"--orm: {args.orm!r} is not a folder (a judge from `webagent orm train`)")
     if args.policy not in ("oracle", "model") and not Path(args.policy).is_dir():
         raise UsageError(
             f"--policy: expected 'oracle', 'model' or an adapter folder, got {args.policy!r}"
@@ -150,7 +162,23 @@ def _eval(args: argparse.Namespace) -> int:
     print(format_table(report))
     print(f"results: {out / 'results.jsonl'}")
     print(f"report: {out / 'report.html'}")
+    if args.orm:
+        _judge(args.orm, out)
     return 0
+
+
+def _judge(orm: str, out: Path) -> None:
+    """The outcome reward model's verdicts on this evaluation's episodes, against the
+    evaluators' (WebRL's judge, scored where the evaluators are known)."""
+    from dataclasses import asdict
+
+    from runtime.cli.orm import judge_rollouts, judged_line
+
+    scores = judge_rollouts(orm, [str(out / "trajectories.jsonl")])
+    write_atomic(
+        out / "orm.json", msgspec.json.format(msgspec.json.encode({"judge": orm, **asdict(scores)}))
+    )
+    print(judged_line("orm judge", scores))
 
 
 def _user_error(group: BaseExceptionGroup[Any]) -> Exception | None:

@@ -98,25 +98,32 @@ def _train(args: argparse.Namespace) -> int:
         f"wrote {out}: {report.bc.mode}, {report.bc.steps} steps in {report.bc.wall_s:.0f} s, "
         f"stopped by {report.bc.stop_reason}"
     )
-    print(_line("train", report.train))
-    print(_line("held-out", report.heldout))
+    print(judged_line("train", report.train))
+    print(judged_line("held-out", report.heldout))
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
+    print(judged_line("rollouts", judge_rollouts(args.model, args.rollouts)))
+    return 0
+
+
+def judge_rollouts(model: str | Path, rollouts: list[str]) -> Any:
+    """A judge from `orm train` against the evaluators on the evaluated episodes of some
+    trajectory stores (`learner.orm_training.OrmScores`); bad input is a UsageError."""
     from learner.errors import LearnerError
     from learner.orm_training import load_judge, orm_examples, score_orm
 
     try:
-        model, renderer, (yes, no) = load_judge(args.model)
-        examples = orm_examples(_groups(args.rollouts), renderer)
+        judge, renderer, (yes, no) = load_judge(model)
+        examples = orm_examples(_groups(rollouts), renderer)
     except LearnerError as exc:
         raise UsageError(str(exc)) from exc
-    print(_line("rollouts", score_orm(model, examples, yes, no)))
-    return 0
+    return score_orm(judge, examples, yes, no)
 
 
-def _line(name: str, scores: Any) -> str:
+def judged_line(name: str, scores: Any) -> str:
+    """One line of a judge's scores, as `orm train` and `orm eval` print them."""
     return (
         f"{name}: {scores.examples} episodes ({scores.positives} successes): accuracy "
         f"{scores.accuracy:.1%}, precision {scores.precision:.1%}, recall {scores.recall:.1%}"

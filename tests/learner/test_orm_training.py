@@ -120,3 +120,32 @@ def test_cli_trains_and_scores_a_judge(
     assert main(["orm", "eval", "--model", str(out), "--rollouts", str(bad)]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
     assert main(["orm", "eval", "--model", str(tmp_path), "--rollouts", str(store)]) == 2
+
+
+@pytest.mark.browser
+def test_eval_judges_its_episodes_with_the_orm(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`webagent eval --orm DIR`: the judge's verdicts on the evaluation's own episodes
+    (the oracle's, on real Chromium: all successes), against the evaluators."""
+    import json
+
+    from runtime.cli import main
+
+    store = tmp_path / "rollouts.jsonl"
+    store.write_bytes(b"".join(msgspec.json.encode(g) + b"\n" for g in _rollouts(40, seed=5)))
+    judge = tmp_path / "orm"
+    train = ["orm", "train", "--rollouts", str(store), "--base", str(tiny_model)]
+    assert main([*train, "--out", str(judge), "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "eval"
+    args = ["eval", "--policy", "oracle", "--limit", "3", "--out", str(out)]
+    assert main([*args, "--orm", str(tmp_path / "missing")]) == 2
+    assert "--orm" in capsys.readouterr().err
+    assert main([*args, "--orm", str(judge)]) == 0
+    printed = capsys.readouterr().out
+    assert "orm judge: 3 episodes (3 successes)" in printed
+    scores = json.loads((out / "orm.json").read_text())
+    assert scores["examples"] == 3 and scores["positives"] == 3
+    assert scores["judge"] == str(judge)
+    assert scores["accuracy"] == scores["recall"]  # every episode is a success
