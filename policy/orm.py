@@ -40,6 +40,7 @@ __all__ = [
     "OrmJudge",
     "Verdict",
     "orm_example",
+    "orm_inputs",
     "orm_messages",
     "verdict",
 ]
@@ -81,12 +82,19 @@ def _action_of(text: str) -> str:
     return found[-1].strip() if found else "(no valid action)"
 
 
+def orm_inputs(trajectory: Trajectory) -> tuple[str, list[str], str]:
+    """What the judge reads of an episode: its task, its actions in order (each turn's
+    `<answer>` part) and the last page it was shown (empty without turns)."""
+    actions = [_action_of(turn.text) for turn in trajectory.turns]
+    final = trajectory.turns[-1].observation if trajectory.turns else ""
+    return trajectory.intent, actions, final
+
+
 def orm_example(trajectory: Trajectory) -> tuple[list[ChatMessage], str] | None:
     """(the judge's messages, `YES` or `NO`) for an evaluated trajectory, else None."""
     if not trajectory.scored or not trajectory.turns:
         return None
-    actions = [_action_of(turn.text) for turn in trajectory.turns]
-    messages = orm_messages(trajectory.intent, actions, trajectory.turns[-1].observation)
+    messages = orm_messages(*orm_inputs(trajectory))
     return messages, YES if trajectory.reward > 0 else NO
 
 

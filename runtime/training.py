@@ -24,14 +24,17 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from policy.client import CompletionClient
+from policy.orm import OrmJudge
 from policy.prompt import build_messages
-from runtime.base.config import Config
+from runtime.base.config import Config, ConfigError
 from runtime.base.messages import Event, TaskConfig, TrajectoryGroup
 from runtime.browser import BrowserPool
 from runtime.cluster import RayRollout, ray_rollout
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
 from runtime.evolution import TaskEvolution
+from runtime.labeling import JUDGE_NAME, OrmJudgeAdapter, OrmLabeler
 from runtime.policystack import PolicyStack
 from runtime.rollout import GroupRunner, Rollout
 from runtime.scheduler import Scheduler
@@ -80,6 +83,18 @@ class Training:
         self._run_dir = run_dir
         # WebRL's curriculum on the built-in sites (made in `start`, once tasks are known).
         self.evolution: TaskEvolution | None = None
+        # The outcome reward model's verdicts for tasks without an evaluator (sites.orm_judge).
+        self.labeler: OrmLabeler | None = None
+        if config.sites.orm_judge:
+            client = stack.client
+            if not isinstance(client, CompletionClient):
+                raise ConfigError(
+                    "config", "sites.orm_judge", "needs one policy server, not replicas"
+                )
+            adapter = OrmJudgeAdapter(client, config.sites.orm_judge, served_model=model)
+            # As many top log-probs as the server gives (policy.max_logprobs).
+            judge = OrmJudge(client, stack.renderer, model=JUDGE_NAME, k=config.policy.max_logprobs)
+            self.labeler = OrmLabeler(judge, adapter)
         webrl = config.learner.algorithm == "webrl"
         from learner.trainer import Learner  # torch: loaded only where training runs
 
@@ -265,7 +280,10 @@ class Training:
             try:
                 for group in unjournaled:
                     await learner.send(group)
-                async for group in groups:
+                async for finished in groups:
+                    group = finished
+                    if self.labeler is not None:  # tasks without an evaluator: the ORM's reward
+                        group = await self.labeler.label(finished)
                     await store.append_async(group)
                     if self.evolution is not None:
                         self.evolution.observe(group)

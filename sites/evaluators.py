@@ -11,6 +11,8 @@
 - program_html: for each entry, go to its URL ("last": stay on the page the agent ended
   on), run its `prep_actions`, read its `locator` (a JS expression run in the page under a
   timeout; empty: the page's HTML), and check `required_contents` with the same rules.
+- orm: nothing here; the check stays `passed=None` (`ORM_PENDING`) for WebRL's outcome
+  reward model, which reads the whole episode once it has ended (`runtime.labeling`).
 
 Fuzzy matches go to a `Judge`. A list of fuzzy references is joined with ", " and judged
 once (as WebArena-Lite does). Without a judge, or when it fails, such a check is
@@ -77,7 +79,10 @@ from sites.tasks import (
     substitute,
 )
 
-__all__ = ["evaluate", "unsupported"]
+__all__ = ["ORM_PENDING", "evaluate", "unsupported"]
+
+# The detail of an "orm" check before the outcome reward model has judged the episode.
+ORM_PENDING = "left to the outcome reward model"
 
 _log = structlog.get_logger(__name__)
 _T = TypeVar("_T")
@@ -481,6 +486,8 @@ async def evaluate(
             checks += await _program_html_checks(
                 task, page, final_url=final_url, urls=urls, limits=limits, fuzzy=fuzzy
             )
+        elif kind == "orm":
+            checks.append(_Check(kind="orm", passed=None, detail=ORM_PENDING))
     await _judge(fuzzy, judge, decided_fail=any(c.passed is False for c in checks))
     failed = any(c.passed is False for c in checks)
     unknown = any(c.passed is None for c in checks)

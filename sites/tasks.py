@@ -64,7 +64,9 @@ __all__ = [
 ]
 
 PLACEHOLDERS = ("SHOPPING", "SHOPPING_ADMIN", "REDDIT", "GITLAB", "MAP", "WIKIPEDIA", "HOMEPAGE")
-EVAL_TYPES = ("string_match", "url_match", "program_html")
+# "orm": no evaluator of its own; WebRL's outcome reward model judges the episode after it
+# ends (`runtime.labeling`; left unjudged where none is configured).
+EVAL_TYPES = ("string_match", "url_match", "program_html", "orm")
 ANSWER_RULES = (
     "exact_match",
     "must_include",

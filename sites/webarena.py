@@ -143,8 +143,13 @@ def describe_tasks(tasks: Sequence[TaskConfig]) -> str:
 
 
 def changes_state(task: TaskConfig) -> bool:
-    """Does the task change the sites' state (so it needs an instance reset before it)?"""
-    return task.require_reset is True or "program_html" in task.eval.eval_types
+    """Does the task change the sites' state (so it needs an instance reset before it)?
+    A task judged by the outcome reward model ("orm": a generated intent, no page check
+    to tell) is taken to, unless it says `require_reset: false`."""
+    types = task.eval.eval_types
+    if "orm" in types and task.require_reset is not False:
+        return True
+    return task.require_reset is True or "program_html" in types
 
 
 def state_sites(task: TaskConfig) -> tuple[str, ...]:

@@ -128,6 +128,11 @@ class SitesConfig(_Section, frozen=True):
     # Environment variable the CLI reads the judge's API key from (empty: no key).
     judge_api_key_env: str = "OPENAI_API_KEY"
     judge_timeout_s: PositiveFloat = 60.0
+    # WebRL's outcome reward model for tasks whose eval_types say "orm" (no evaluator of
+    # their own): a judge folder from `webagent orm train`, a LoRA on the model the policy
+    # server serves (policy.model), loaded into that server as `orm-judge`. Empty: such
+    # tasks are scored unjudged (reward 0, never trained on).
+    orm_judge: str = ""
     # program_html: bounds on running one locator script and on loading a checked URL,
     # and how long to wait for the network to go idle after loading it (0: no wait).
     locator_timeout_s: PositiveFloat = 5.0

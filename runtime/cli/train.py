@@ -50,6 +50,10 @@ def _config(args: argparse.Namespace) -> Config:
         daemon = msgspec.structs.replace(daemon, run_dir=args.run_dir)
     if getattr(args, "max_updates", None) is not None:
         daemon = msgspec.structs.replace(daemon, max_updates=args.max_updates)
+    if config.sites.orm_judge:  # again against the served model once it is known
+        from runtime.labeling import check_judge
+
+        check_judge(config.sites.orm_judge, config.policy.model or None)
     return msgspec.structs.replace(config, daemon=daemon)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import psutil  # type: ignore[import-untyped]
 import pytest
 
@@ -334,6 +335,52 @@ def test_train_webrl_phases_evolve_failed_tasks_and_resume(sku_model: Path) -> N
     assert _log_lines(log, "evolution.resumed")[0]["made"] == len(records)
     first = _log_lines(log, "scheduler.group_started")[0]["task_id"]
     assert first in {r["task"]["task_id"] for r in records}
+
+
+def test_train_rewards_tasks_without_an_evaluator_by_the_orm_judge(sku_model: Path) -> None:
+    """A task whose eval_types say "orm" is scored by the judge `sites.orm_judge` names (a
+    LoRA trained here on the served model, loaded into the daemon's vLLM): every stored
+    episode carries its verdict, none is left pending."""
+    from runtime.base.messages import EvalSpec, decode_tasks, encode_tasks
+    from runtime.cli import main
+    from sites.evaluators import ORM_PENDING
+    from tests.learner.test_orm_training import _rollouts
+
+    root = sku_model
+    (sku, *_) = decode_tasks((root / "tasks" / "train.json").read_bytes())
+    judged = msgspec.structs.replace(sku, task_id=900_001, eval=EvalSpec(eval_types=["orm"]))
+    folder = root / "orm-tasks"
+    folder.mkdir()
+    for split in ("train", "test", "ood"):
+        (folder / f"{split}.json").write_bytes(encode_tasks([judged]))
+    store = root / "orm-rollouts.jsonl"
+    store.write_bytes(b"".join(msgspec.json.encode(g) + b"\n" for g in _rollouts(40, seed=7)))
+    lora = root / "orm-lora.toml"
+    lora.write_text('[bc]\nmode = "lora"\n')
+    judge = root / "orm-judge"
+    train = ["orm", "train", "--rollouts", str(store), "--base", str(root / "bc")]
+    assert main([*train, "--out", str(judge), "--max-steps", "30", "--config", str(lora)]) == 0
+    run_dir = root / "orm-run"
+    extra = "[webrl]\nevolve_per_parent = 0\ncritic_steps = 1\n"
+    config = _config(root, run_dir, port=free_port(), tasks=folder, extra=extra)
+    text = config.read_text().replace("[learner]\n", '[learner]\nalgorithm = "webrl"\n')
+    config.write_text(text.replace("[sites]\n", f'[sites]\norm_judge = "{judge}"\n'))
+    log = root / "orm.log"
+    done = _run(["train", "--config", str(config), "--max-updates", "1"], timeout=600, log=log)
+    assert done.returncode == 0, log.read_text()[-3000:]
+    episodes = [
+        traj
+        for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+        for traj in json.loads(line)["trajectories"]
+        if traj["status"] in ("exited", "max_turns", "parse_failures", "repeated_actions")
+    ]
+    assert episodes
+    for episode in episodes:
+        (check,) = episode["evaluation"]["checks"]
+        assert check["kind"] == "orm" and check["detail"] != ORM_PENDING
+        assert check["detail"].startswith("P(Yes)"), check
+        assert episode["reward"] == (1.0 if check["passed"] else 0.0)
+    assert _log_lines(log, "labeling.judge_loaded")
 
 
 def _living(pids: set[int]) -> list[psutil.Process]:

@@ -103,6 +103,8 @@ def test_which_tasks_change_state() -> None:
         _task(eval={"eval_types": ["url_match"], "reference_url": "__GITLAB__/x"})
     )
     assert changes_state(_task(require_reset=True))
+    assert changes_state(_task(eval={"eval_types": ["orm"]}))  # nothing tells: assume it does
+    assert not changes_state(_task(eval={"eval_types": ["orm"]}, require_reset=False))
     program = {"url": "last", "locator": "", "required_contents": {"must_include": ["a"]}}
     assert changes_state(
         _task(
