@@ -6,7 +6,9 @@
         ├── PlaceholderError       a `__SITE__` placeholder with no URL to put in its place
         ├── PageError              the browser failed under an evaluator (Playwright, converted)
         │   └── PageClosedError    the page or its browser is gone
-        ├── JudgeError             the fuzzy-match judge failed or answered unreadably (httpx)
+        ├── ChatError              a chat model failed or answered unreadably (httpx)
+        │   ├── JudgeError         the fuzzy-match judge's
+        │   └── GeneratorError     WebRL's task generator's
         └── WebArenaError          self-hosted WebArena (`sites.webarena`, `.auth`, `.pool`)
             ├── SiteURLError       a site URL that is missing or not an http(s) URL
             ├── AuthError          auto-login failed or a storage state is unusable
@@ -14,7 +16,7 @@
             └── NoInstanceError    no instance is left in the pool
 
 Playwright and httpx errors are converted at one boundary each (`sites.evaluators`,
-`sites.judge`, `sites.auth` and `sites.pool`) with `raise ... from exc`; none of theirs
+`sites.chat`, `sites.auth` and `sites.pool`) with `raise ... from exc`; none of theirs
 leaks out of this package.
 """
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 __all__ = [
     "AuthError",
+    "ChatError",
+    "GeneratorError",
     "JudgeError",
     "NoInstanceError",
     "PageClosedError",
@@ -73,8 +77,16 @@ class PageClosedError(PageError):
     """The page, its context or its browser was closed or crashed."""
 
 
-class JudgeError(SiteError):
+class ChatError(SiteError):
+    """A chat model (`sites.chat.ChatModel`) could not be asked or gave no readable reply."""
+
+
+class JudgeError(ChatError):
     """The fuzzy-match judge could not be asked or gave no readable verdict."""
+
+
+class GeneratorError(ChatError):
+    """WebRL's task generator could not be asked (its unusable lines are dropped, not this)."""
 
 
 class WebArenaError(SiteError):

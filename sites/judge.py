@@ -10,12 +10,12 @@ first still parses. httpx errors are converted here into `JudgeError`.
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
-import msgspec
 
 from runtime.base.config import ConfigError, SitesConfig
+from sites.chat import ChatModel
 from sites.errors import JudgeError
 
 __all__ = ["HttpJudge", "Judge", "parse_fuzzy_verdict", "parse_unachievable_verdict"]
@@ -78,18 +78,6 @@ def parse_unachievable_verdict(reply: str) -> bool:
     return bool(found[-1] == "same")
 
 
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    message: _Message
-
-
-class _Completion(msgspec.Struct):
-    choices: list[_Choice]
-
-
 class HttpJudge:
     """A `Judge` that asks a chat model behind an OpenAI-compatible endpoint.
 
@@ -107,14 +95,10 @@ class HttpJudge:
         max_tokens: int = 512,
         timeout_s: float = 60.0,
     ) -> None:
-        base = url.rstrip("/").removesuffix("/v1")
-        self._endpoint = f"{base}/v1/chat/completions"
-        self._client = client
-        self._model = model
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._max_tokens = max_tokens
-        self._timeout_s = timeout_s
-        self._decoder = msgspec.json.Decoder(_Completion)
+        self._chat = ChatModel(
+            client, url=url, model=model, api_key=api_key, max_tokens=max_tokens,
+            timeout_s=timeout_s, error=JudgeError, who="judge",
+        )  # fmt: skip
 
     @classmethod
     def from_config(
@@ -142,29 +126,4 @@ class HttpJudge:
         return parse_unachievable_verdict(reply)
 
     async def _ask(self, prompt: str) -> str:
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": [
-                {"role": "system", "content": _SYSTEM},
-                {"role": "user", "content": prompt},
-            ],
-            "temperature": 0,
-            "max_tokens": self._max_tokens,
-        }
-        try:
-            response = await self._client.post(
-                self._endpoint, json=body, headers=self._headers, timeout=self._timeout_s
-            )
-        except httpx.HTTPError as exc:
-            raise JudgeError(f"judge request to {self._endpoint} failed: {exc!r}") from exc
-        if response.status_code != httpx.codes.OK:
-            raise JudgeError(
-                f"judge at {self._endpoint} answered {response.status_code}: {response.text[:200]}"
-            )
-        try:
-            completion = self._decoder.decode(response.content)
-        except msgspec.DecodeError as exc:
-            raise JudgeError(f"judge reply is not a chat completion: {exc}") from exc
-        if not completion.choices or completion.choices[0].message.content is None:
-            raise JudgeError("judge reply has no message content")
-        return completion.choices[0].message.content
+        return await self._chat.ask(_SYSTEM, prompt)
