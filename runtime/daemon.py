@@ -88,11 +88,14 @@ class Daemon:
         url_overrides: Mapping[str, str] | None = None,
         judge_key: str = "",
         api_token: str | None = None,
+        generator_key: str = "",
     ) -> None:
         # Pages and prompt as the served model reads them (the embedded default's when
         # policy.model is empty: the first run makes that model, BC included).
         self.config = config = settle_auto(config)
         self.judge_key = judge_key  # the API key of `sites.judge_url` (never logged)
+        self.generator_key = generator_key  # of `webrl.generator_url` (never logged)
+        self._http: httpx.AsyncClient | None = None  # for chat models (judge, generator)
         self.api_token = api_token  # None: resolved from [endpoint] (runtime.guard)
         self.training = training and config.learner.enabled
         self.api = api and config.endpoint.enabled
@@ -221,7 +224,7 @@ class Daemon:
                 ) as env,
             ):
                 outer.start_soon(self._signals)
-                self._pool, self._environment = pool, env
+                self._pool, self._environment, self._http = pool, env, judge_http
                 await self._run_with(env, pool, task_status)
                 outer.cancel_scope.cancel()
         finally:
@@ -312,6 +315,8 @@ class Daemon:
             url_overrides=self.url_overrides,
             judge_key=self.judge_key,
             denied=pool.denied,
+            http=self._http,
+            generator_key=self.generator_key,
         )
         await training.start(tg, env, pool)
         self._evaluations = evaluations = PeriodicEvaluations(

@@ -1,8 +1,12 @@
-"""WebRL's self-evolving curriculum on the built-in sites: after each phase, new training
-tasks from the tasks the policy failed, filtered by the critic.
+"""WebRL's self-evolving curriculum: after each phase, new training tasks from the tasks
+the policy failed, filtered by the critic.
 
     phase's groups ──> failed tasks (no evaluated episode succeeded)
-        ──> sites.builtin.evolve.Evolver: children (instance / easier / harder), real evaluators
+        ──> a task maker: children
+              built-in sites: sites.builtin.evolve.Evolver (instance / easier / harder,
+                              the suite's templates: real evaluators)
+              WebArena:       sites.generate.IntentGenerator (a chat model writes intents,
+                              judges their feasibility; scored by the outcome reward model)
         ──> V(s_0, I) by the learner's critic ──> kept when low < V < high
         ──> RUN_DIR/evolved_tasks.jsonl (every child, kept or not) ──> scheduler: drawn next
 
@@ -15,15 +19,18 @@ recorded with its parent, phase, kind, value and whether it was kept, one fsynce
 each, before the scheduler sees it; after a restart the file is read back: its kept tasks
 join the scheduler again and its instantiations are never made again.
 
-Nothing here may stop training: a failure to evolve is logged (`evolution.failed`) and
-the phase goes on without new tasks.
+What a maker drops (a generated line that does not parse, an intent judged infeasible, a
+parent not from the suite) is counted by reason in the `evolution.phase` log line, never
+run. Nothing here may stop training: a failure to evolve is logged (`evolution.failed`)
+and the phase goes on without new tasks.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 import msgspec
@@ -34,8 +41,16 @@ from runtime.base.messages import EVALUATED_STATUSES, TaskConfig, TrajectoryGrou
 from runtime.errors import StoreError
 from runtime.store import JsonLines, json_lines
 from sites.builtin.evolve import KIND_FIELD, PARENT_FIELD, PHASE_FIELD, Evolver
+from sites.generate import Generation
 
-__all__ = ["EVOLVED_FILE", "EvolvedTask", "TaskEvolution", "read_evolved"]
+__all__ = [
+    "EVOLVED_FILE",
+    "BuiltinMaker",
+    "EvolvedTask",
+    "TaskEvolution",
+    "TaskMaker",
+    "read_evolved",
+]
 
 log = structlog.get_logger("runtime.evolution")
 
@@ -47,6 +62,49 @@ Values = Callable[[Sequence[Sequence[int]]], Awaitable[list[float]]]
 FirstPrompt = Callable[[TaskConfig, str], list[int]]
 # Where kept tasks go (`runtime.scheduler.Scheduler.add_tasks`).
 AddTasks = Callable[[Sequence[TaskConfig]], None]
+
+
+class TaskMaker(Protocol):
+    """Makes new tasks from failed ones (`BuiltinMaker`, `sites.generate.IntentGenerator`)."""
+
+    def used(self, task: TaskConfig) -> None:
+        """A task it made before a restart, read back: never made again."""
+        ...
+
+    async def generate(
+        self,
+        failed: Sequence[TaskConfig],
+        *,
+        phase: int,
+        per_parent: int,
+        start_pages: Mapping[str, str],
+    ) -> Generation: ...
+
+
+class BuiltinMaker:
+    """The built-in suite's evolution (`sites.builtin.evolve.Evolver`) as a `TaskMaker`."""
+
+    def __init__(self, seed: int) -> None:
+        self.evolver = Evolver(seed, rng=random.Random(f"{seed}:evolve"))
+
+    def used(self, task: TaskConfig) -> None:
+        self.evolver.used(task)
+
+    async def generate(
+        self,
+        failed: Sequence[TaskConfig],
+        *,
+        phase: int,
+        per_parent: int,
+        start_pages: Mapping[str, str],
+    ) -> Generation:
+        made = self.evolver.evolve(failed, phase=phase, per_parent=per_parent)
+        out = Generation(tasks=made.tasks)
+        for _ in made.skipped:
+            out.drop("parent not from the suite")
+        for _ in made.childless:
+            out.drop("parent with nothing left to make")
+        return out
 
 
 class EvolvedTask(msgspec.Struct, frozen=True):
@@ -85,6 +143,7 @@ class TaskEvolution:
         run_dir: Path,
         values: Values,
         first_prompt: FirstPrompt,
+        maker: TaskMaker | None = None,
     ) -> None:
         webrl = config.webrl
         self.per_parent = webrl.evolve_per_parent
@@ -93,7 +152,7 @@ class TaskEvolution:
         self._values = values
         self._first_prompt = first_prompt
         self._tasks = {t.task_id: t for t in tasks}
-        self._evolver = Evolver(config.sites.seed, rng=random.Random(f"{config.sites.seed}:evolve"))
+        self._maker = maker or BuiltinMaker(config.sites.seed)
         self._start_pages: dict[str, str] = {}
         self._add: AddTasks | None = None
         self.made = self.kept = 0
@@ -104,7 +163,7 @@ class TaskEvolution:
         self._add = add
         records = read_evolved(self.path)
         for record in records:
-            self._evolver.used(record.task)
+            self._maker.used(record.task)
             self._tasks[record.task.task_id] = record.task
         kept = [r.task for r in records if r.kept]
         self.made, self.kept = len(records), len(kept)
@@ -137,7 +196,9 @@ class TaskEvolution:
         parents = list({t.task_id: t for t in failed}.values())
         if not parents or not self.per_parent:
             return
-        made = self._evolver.evolve(parents, phase=version, per_parent=self.per_parent)
+        made = await self._maker.generate(
+            parents, phase=version, per_parent=self.per_parent, start_pages=self._start_pages
+        )
         pages = [self._start_pages.get(t.start_url) for t in made.tasks]
         judged = [(t, p) for t, p in zip(made.tasks, pages, strict=True) if p is not None]
         prompts = [self._first_prompt(t, p) for t, p in judged]
@@ -169,8 +230,7 @@ class TaskEvolution:
             made=len(records),
             kept=len(kept),
             unfiltered=sum(r.value is None for r in records),
-            skipped=len(made.skipped),
-            childless=len(made.childless),
+            dropped=made.dropped,
         )
 
     def _record(self, records: Sequence[EvolvedTask]) -> None:

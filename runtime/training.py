@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import httpx
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -33,13 +34,16 @@ from runtime.browser import BrowserPool
 from runtime.cluster import RayRollout, ray_rollout
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
-from runtime.evolution import TaskEvolution
+from runtime.evolution import BuiltinMaker, TaskEvolution, TaskMaker
 from runtime.labeling import JUDGE_NAME, OrmJudgeAdapter, OrmLabeler
 from runtime.policystack import PolicyStack
 from runtime.rollout import GroupRunner, Rollout
 from runtime.scheduler import Scheduler
 from runtime.store import TrajectoryStore, read_groups, unseen_groups
 from runtime.supervisor import ServerSupervisor
+from sites.chat import ChatModel
+from sites.errors import GeneratorError
+from sites.generate import IntentGenerator
 
 if TYPE_CHECKING:
     from learner.trainer import Learner
@@ -65,6 +69,8 @@ class Training:
         url_overrides: Mapping[str, str] | None = None,
         judge_key: str = "",
         denied: Sequence[tuple[str, int]] = (),
+        http: httpx.AsyncClient | None = None,
+        generator_key: str = "",
     ) -> None:
         self.config = config
         self.store_path = run_dir / "trajectories.jsonl"
@@ -81,6 +87,8 @@ class Training:
         self._stopping = stopping
         self._record = record
         self._run_dir = run_dir
+        self._http = http  # WebRL's task generator's (the daemon's client for chat models)
+        self._generator_key = generator_key
         # WebRL's curriculum on the built-in sites (made in `start`, once tasks are known).
         self.evolution: TaskEvolution | None = None
         # The outcome reward model's verdicts for tasks without an evaluator (sites.orm_judge).
@@ -176,17 +184,15 @@ class Training:
             if not self._supervisor.is_up:
                 scheduler.hold_for_policy(True)  # released when the server is back
             self.scheduler = scheduler
-            if (
-                config.learner.algorithm == "webrl"
-                and config.sites.kind == "builtin"
-                and config.webrl.evolve_per_parent
-            ):
+            maker = self._task_maker()
+            if maker is not None:
                 self.evolution = TaskEvolution(
                     config,
                     tasks=scheduler.tasks,
                     run_dir=self._run_dir,
                     values=self.learner.task_values,
                     first_prompt=self._first_prompt,
+                    maker=maker,
                 )
                 await anyio.to_thread.run_sync(self.evolution.resume, scheduler.add_tasks)
             unjournaled = await anyio.to_thread.run_sync(
@@ -248,6 +254,24 @@ class Training:
 
     async def _emit(self, event: Event) -> None:
         self._record(event)
+
+    def _task_maker(self) -> TaskMaker | None:
+        """WebRL's maker of new tasks: the built-in suite's, or on WebArena the configured
+        chat model's (`webrl.generator_url`); None when the curriculum makes none."""
+        config = self.config
+        webrl = config.webrl
+        if config.learner.algorithm != "webrl" or not webrl.evolve_per_parent:
+            return None
+        if config.sites.kind == "builtin":
+            return BuiltinMaker(config.sites.seed)
+        if not webrl.generator_url or self._http is None:
+            return None
+        model = ChatModel(
+            self._http, url=webrl.generator_url, model=webrl.generator_model,
+            api_key=self._generator_key, timeout_s=webrl.generator_timeout_s,
+            error=GeneratorError, who="task generator",
+        )  # fmt: skip
+        return IntentGenerator(model)
 
     async def _evolve(self, groups: Sequence[TrajectoryGroup], version: int) -> None:
         """WebRL's `on_phase`: the curriculum makes new tasks from the phase's failures."""

@@ -430,17 +430,28 @@ class WebRLConfig(_Section, frozen=True):
     perplexity_low: PositiveFloat = 1 / 0.95
     perplexity_high: PositiveFloat = 1 / 0.5
     # Curriculum: each failed task of a phase (no episode succeeded) gets up to this many
-    # new tasks of the built-in suite (0: none); one is run when the critic's value of its
-    # first state lies strictly between task_value_low and task_value_high.
+    # new tasks (0: none), from the built-in suite's templates, or on WebArena from the
+    # generator below; one is run when the critic's value of its first state lies strictly
+    # between task_value_low and task_value_high.
     evolve_per_parent: NonNegative = 2
     task_value_low: Fraction = 0.05
     task_value_high: Fraction = 0.75
+    # Self-hosted WebArena: the chat model (OpenAI-compatible: base URL, model) that writes
+    # new intents from failed tasks and judges their feasibility (sites.generate); its
+    # tasks have no evaluator, so sites.orm_judge scores them. Empty URL: no new tasks.
+    generator_url: str = ""
+    generator_model: str = ""
+    # Environment variable the CLI reads the generator's API key from (empty: no key).
+    generator_api_key_env: str = "OPENAI_API_KEY"
+    generator_timeout_s: PositiveFloat = 120.0
 
     def __post_init__(self) -> None:
         if self.perplexity_low > self.perplexity_high:
             raise ValueError("perplexity_low must not exceed perplexity_high")
         if self.task_value_low >= self.task_value_high:
             raise ValueError("task_value_low must be below task_value_high")
+        if self.generator_url and not self.generator_model:
+            raise ValueError("generator_model is required when generator_url is set")
 
 
 class BCConfig(_Section, frozen=True):

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime.base.config import Config, load_config
+from runtime.base.config import Config, ConfigError, load_config
 from runtime.logs import configure_logging
 
 __all__ = ["register"]
@@ -50,6 +50,10 @@ def _config(args: argparse.Namespace) -> Config:
         daemon = msgspec.structs.replace(daemon, run_dir=args.run_dir)
     if getattr(args, "max_updates", None) is not None:
         daemon = msgspec.structs.replace(daemon, max_updates=args.max_updates)
+    if config.webrl.generator_url and not config.sites.orm_judge:
+        raise ConfigError(
+            "config", "webrl.generator_url", "its tasks have no evaluator: set sites.orm_judge"
+        )
     if config.sites.orm_judge:  # again against the served model once it is known
         from runtime.labeling import check_judge
 
@@ -64,6 +68,7 @@ def _run(config: Config, *, training: bool, api: bool, level: str = "info") -> i
 
     environ = os.environ  # read here, at the edge, and passed down
     key_name = config.sites.judge_api_key_env
+    generator = config.webrl.generator_api_key_env
     serving = api and config.endpoint.enabled
     daemon = Daemon(
         config,
@@ -73,6 +78,7 @@ def _run(config: Config, *, training: bool, api: bool, level: str = "info") -> i
         judge_key=environ.get(key_name, "") if key_name else "",
         # ConfigError (exit 2) before anything starts: no token where one is needed.
         api_token=endpoint_token(config.endpoint, environ) if serving else "",
+        generator_key=environ.get(generator, "") if generator else "",
     )
 
     async def main() -> None:

@@ -168,3 +168,49 @@ async def test_a_failing_critic_is_logged_and_training_goes_on(tmp_path: Path) -
     assert [e["error"] for e in logs if e["event"] == "evolution.failed"] == [
         "RuntimeError: critic down"
     ]
+
+
+@pytest.mark.anyio
+async def test_on_webarena_a_chat_model_writes_the_children(tmp_path: Path) -> None:
+    """The maker is pluggable: WebArena's is a chat model (sites.generate), its children
+    are "orm" tasks, judged by the critic and recorded as the suite's are."""
+    import json
+
+    import httpx
+
+    from sites.chat import ChatModel
+    from sites.errors import GeneratorError
+    from sites.generate import IntentGenerator
+
+    parent = TaskConfig(task_id=5, intent="Find the cheapest red mug.", start_url="__SHOPPING__/",
+                        sites=["shopping"])  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        user = json.loads(request.content)["messages"][1]["content"]
+        text = (
+            '{"intent": "Find the cheapest blue mug.", "kind": "easier"}\nnonsense'
+            if "Write " in user
+            else "Yes"
+        )
+        return httpx.Response(200, json={"choices": [{"message": {"content": text}}]})
+
+    critic = Critic(0.3)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        maker = IntentGenerator(ChatModel(http, url="http://llm.test", model="m",
+                                          error=GeneratorError))  # fmt: skip
+        evolution = TaskEvolution(
+            Config(), tasks=[parent], run_dir=tmp_path, values=critic,
+            first_prompt=_first_prompt, maker=maker,
+        )  # fmt: skip
+        added: list[TaskConfig] = []
+        evolution.resume(added.extend)
+        evolution.observe(_group(parent, [0.0], page="the shop"))
+        with capture_logs() as logs:
+            await evolution.phase([_group(parent, [0.0])], 4)
+    (record,) = read_evolved(tmp_path / EVOLVED_FILE)
+    assert record.task.intent == "Find the cheapest blue mug."
+    assert record.task.eval.eval_types == ["orm"] and record.parent == 5 and record.phase == 4
+    assert record.value == pytest.approx(0.3) and record.kept and added == [record.task]
+    assert critic.asked == [[record.task.task_id, len("the shop")]]
+    (line,) = [e for e in logs if e["event"] == "evolution.phase"]
+    assert line["dropped"] == {"not JSON": 1}

@@ -198,3 +198,17 @@ async def test_a_trained_judge_labels_episodes_on_the_real_server(
         assert check.passed == verdict.success
         assert trajectory.reward == (1.0 if verdict.success else 0.0)
         assert trajectory.scored == (verdict.success is not None)
+
+
+def test_train_refuses_a_generator_without_a_judge_and_a_bad_judge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runtime.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text('[webrl]\ngenerator_url = "http://llm.test"\ngenerator_model = "m"\n')
+    assert main(["train", "--config", str(config)]) == 2
+    assert "webrl.generator_url: its tasks have no evaluator" in capsys.readouterr().err
+    config.write_text(f'[sites]\norm_judge = "{tmp_path}"\n')
+    assert main(["train", "--config", str(config)]) == 2
+    assert "sites.orm_judge" in capsys.readouterr().err
