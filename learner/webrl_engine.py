@@ -48,7 +48,7 @@ from learner.lora import attach_lora
 from learner.webrl import keeps_by_perplexity, perplexity, replay_sample, step_advantages
 from learner.webrl_update import actor_samples, actor_step
 from runtime.base.config import LearnerConfig, WebRLConfig
-from runtime.base.messages import EVALUATED_STATUSES, Trajectory, TrajectoryGroup
+from runtime.base.messages import Trajectory, TrajectoryGroup
 
 __all__ = ["WebRLEngine"]
 
@@ -169,9 +169,11 @@ class WebRLEngine(Engine):
 
         critic_loss = self._train_critic(critic_examples(groups))
         critic.model.eval()
+        critic_s = time.perf_counter() - started
         new = actor_samples(groups, critic, lam=w.lam, gamma=w.gamma)
         drawn, replayed = self._replay(critic, len(new))
         samples = _reweighted([*new, *replayed])
+        values_s = time.perf_counter() - started - critic_s
 
         model = self._model
         model.train()
@@ -192,7 +194,7 @@ class WebRLEngine(Engine):
             _Stored(group_id=g.group_id, trajectory=t)
             for g in groups
             for t in g.trajectories
-            if t.status in EVALUATED_STATUSES and t.reward > 0 and t.turns
+            if t.scored and t.reward > 0 and t.turns
         ]
         self.replay = [*self.replay, *successes][-w.replay_size :] if w.replay_size else []
         rewards = [t.reward for g in groups for t in g.trajectories]
@@ -212,6 +214,8 @@ class WebRLEngine(Engine):
             "tokens": float(sum(len(s.completion_ids) for s in samples)),
             "reward_mean": sum(rewards) / max(1, len(rewards)),
             "train_s": time.perf_counter() - started,
+            "critic_s": critic_s,  # the critic's steps
+            "values_s": values_s,  # its values of every state; the replay's perplexities
         }
         return self._commit(groups, set_aside, steps, metrics)
 
