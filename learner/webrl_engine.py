@@ -178,7 +178,8 @@ class WebRLEngine(Engine):
         model = self._model
         model.train()
         totals = [0.0, 0.0, 0.0]
-        for _ in range(cfg.optimizer_steps if samples else 0):
+        steps = cfg.optimizer_steps if samples else 0
+        for _ in range(steps):
             with self._autocast():
                 parts = actor_step(
                     model, self._optimizer, samples, beta=w.beta,
@@ -188,7 +189,6 @@ class WebRLEngine(Engine):
             self._scheduler.step()
             totals = [t + float(p) for t, p in zip(totals, parts, strict=True)]
         model.eval()
-        steps = cfg.optimizer_steps if samples else 0
 
         successes = [
             _Stored(group_id=g.group_id, trajectory=t)

@@ -29,10 +29,10 @@ from runtime.base.config import ConfigError
 from runtime.base.messages import (
     EVALUATED_STATUSES,
     EvalCheck,
-    Evaluation,
     Trajectory,
     TrajectoryGroup,
 )
+from sites.evaluators import evaluation_of
 
 __all__ = ["JUDGE_NAME", "OrmJudgeAdapter", "OrmLabeler", "check_judge", "judged"]
 
@@ -132,14 +132,8 @@ def judged(trajectory: Trajectory, verdict: Verdict | None, detail: str = "") ->
         EvalCheck(kind=c.kind, passed=passed, detail=detail) if _is_pending(c) else c
         for c in evaluation.checks
     ]
-    failed = any(c.passed is False for c in checks)
-    unknown = any(c.passed is None for c in checks)
-    reward = 1.0 if checks and not failed and not unknown else 0.0
-    return msgspec.structs.replace(
-        trajectory,
-        reward=reward,
-        evaluation=Evaluation(reward=reward, checks=checks, unjudged=unknown and not failed),
-    )
+    scored = evaluation_of(checks)
+    return msgspec.structs.replace(trajectory, reward=scored.reward, evaluation=scored)
 
 
 def _is_pending(check: EvalCheck) -> bool:

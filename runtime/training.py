@@ -87,6 +87,7 @@ class Training:
         self._stopping = stopping
         self._record = record
         self._run_dir = run_dir
+        self._settings = EpisodeSettings.from_config(config)  # the episodes' (and prompts')
         self._http = http  # WebRL's task generator's (the daemon's client for chat models)
         self._generator_key = generator_key
         # WebRL's curriculum on the built-in sites (made in `start`, once tasks are known).
@@ -160,7 +161,7 @@ class Training:
                     environment=environment,
                     pool=pool,
                     policy=self._stack.policy,
-                    settings=EpisodeSettings.from_config(config),
+                    settings=self._settings,
                     max_episodes=config.scheduler.max_episodes_in_flight,
                     count_tokens=self._stack.renderer.count_tokens,
                     on_event=self._record,
@@ -281,7 +282,7 @@ class Training:
     def _first_prompt(self, task: TaskConfig, observation: str) -> list[int]:
         """The prompt ids of a task's first turn on a start page showing `observation`,
         as an episode builds them (`runtime.episode`)."""
-        settings = EpisodeSettings.from_config(self.config)
+        settings = self._settings
         messages = build_messages(
             task.intent,
             [],

@@ -79,7 +79,7 @@ from sites.tasks import (
     substitute,
 )
 
-__all__ = ["ORM_PENDING", "evaluate", "unsupported"]
+__all__ = ["ORM_PENDING", "evaluate", "evaluation_of", "unsupported"]
 
 # The detail of an "orm" check before the outcome reward model has judged the episode.
 ORM_PENDING = "left to the outcome reward model"
@@ -489,11 +489,13 @@ async def evaluate(
         elif kind == "orm":
             checks.append(_Check(kind="orm", passed=None, detail=ORM_PENDING))
     await _judge(fuzzy, judge, decided_fail=any(c.passed is False for c in checks))
+    return evaluation_of([EvalCheck(kind=c.kind, passed=c.passed, detail=c.detail) for c in checks])
+
+
+def evaluation_of(checks: list[EvalCheck]) -> Evaluation:
+    """The product of the checks: reward 1 only when there are some and every one passed;
+    `unjudged` when one could not be judged and none failed."""
     failed = any(c.passed is False for c in checks)
     unknown = any(c.passed is None for c in checks)
     reward = 1.0 if checks and not failed and not unknown else 0.0
-    return Evaluation(
-        reward=reward,
-        checks=[EvalCheck(kind=c.kind, passed=c.passed, detail=c.detail) for c in checks],
-        unjudged=unknown and not failed,
-    )
+    return Evaluation(reward=reward, checks=checks, unjudged=unknown and not failed)
