@@ -456,7 +456,8 @@ def _with_server(
         summary = json.loads((run / "summary.json").read_text())
         turns = sum(e["turns"] for r in read_jsonl(run / "results.jsonl") for e in r["episodes"])
         return {
-            "label": label, "episodes": int(summary["episodes"]),
+            # judged episodes: one whose check no judge could score has no success to count
+            "label": label, "episodes": int(summary["episodes"]) - int(summary["unjudged"]),
             "successes": int(summary["successes"]), "turns": turns,
             "statuses": summary.get("statuses", {}), "episodes_s": float(summary["seconds"]),
             "seconds": round(time.monotonic() - began, 1), "out": str(run),

@@ -20,6 +20,12 @@ site it lists (so a GitLab+Reddit task appears under both), and Avg. counts ever
 exactly once (it is the overall success rate, not the mean of the columns). Tasks of
 sites without a column (wikipedia) count in Avg. only. The number of multi-site tasks
 is reported beside the table.
+
+An episode whose evaluation left a check unjudged (a fuzzy match without
+`sites.judge_url`, an `"orm"` check without an outcome reward model, or a judge that
+answered neither way) has no score: it is counted apart (`unjudged`) and left out of
+every rate, whose denominator is the judged episodes. Counting it as a failure would
+report a guess.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ class EpisodeResult(msgspec.Struct, frozen=True, kw_only=True):
     turns: int
     seconds: float
     failed_checks: list[str] = []
+    # Some check could not be judged: no score (left out of the rates).
+    unjudged: bool = False
 
 
 class TaskResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,21 +101,28 @@ class TaskResult(msgspec.Struct, frozen=True, kw_only=True):
     group_id: str
     episodes: list[EpisodeResult]
     successes: int
+    # Over the judged episodes (0.0 when none was judged).
     success_rate: float
     # How the episodes got their sites (WebArena: the instance pool's policy and cost).
     environment: dict[str, Any] = {}
+    unjudged: int = 0
 
 
 class Cell(msgspec.Struct, frozen=True, kw_only=True):
-    """One table cell: successes over episodes of `tasks` tasks."""
+    """One table cell: successes over the judged episodes of `tasks` tasks."""
 
     tasks: int
     episodes: int
     successes: int
+    unjudged: int = 0
+
+    @property
+    def judged(self) -> int:
+        return self.episodes - self.unjudged
 
     @property
     def rate(self) -> float:
-        return self.successes / self.episodes if self.episodes else 0.0
+        return self.successes / self.judged if self.judged else 0.0
 
 
 class EvalReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,10 +138,13 @@ class EvalReport(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     out_dir: str
     environment: dict[str, Any] = {}
+    unjudged: int = 0
 
     @property
     def success_rate(self) -> float:
-        return self.successes / self.episodes if self.episodes else 0.0
+        """Over the judged episodes (see the module docstring)."""
+        judged = self.episodes - self.unjudged
+        return self.successes / judged if judged else 0.0
 
 
 # --------------------------------------------------------------------------- scoring
@@ -151,10 +169,13 @@ def task_result(
             turns=len(t.turns),
             seconds=round(t.finished_at - t.started_at, 3),
             failed_checks=_failed_checks(t),
+            unjudged=t.evaluation is not None and t.evaluation.unjudged,
         )
         for t in group.trajectories
     ]
-    successes = sum(1 for e in episodes if e.reward > 0)
+    successes = sum(1 for e in episodes if e.reward > 0 and not e.unjudged)
+    unjudged = sum(1 for e in episodes if e.unjudged)
+    judged = len(episodes) - unjudged
     return TaskResult(
         task_id=task.task_id,
         intent=task.intent,
@@ -163,32 +184,40 @@ def task_result(
         group_id=group.group_id,
         episodes=episodes,
         successes=successes,
-        success_rate=successes / len(episodes) if episodes else 0.0,
+        success_rate=successes / judged if judged else 0.0,
         environment=environment or {},
+        unjudged=unjudged,
     )
 
 
 def score_table(results: Sequence[TaskResult]) -> dict[str, Cell]:
     """The paper's columns and Avg. (see the module docstring for multi-site tasks)."""
-    counts: dict[str, list[int]] = {title: [0, 0, 0] for title, _ in TABLE_COLUMNS}
-    counts[AVERAGE] = [0, 0, 0]
+    counts: dict[str, list[int]] = {title: [0, 0, 0, 0] for title, _ in TABLE_COLUMNS}
+    counts[AVERAGE] = [0, 0, 0, 0]
     for result in results:
         for title in [*result.columns, AVERAGE]:
             cell = counts[title]
             cell[0] += 1
             cell[1] += len(result.episodes)
             cell[2] += result.successes
+            cell[3] += result.unjudged
     return {
-        title: Cell(tasks=n, episodes=episodes, successes=won)
-        for title, (n, episodes, won) in counts.items()
+        title: Cell(tasks=n, episodes=episodes, successes=won, unjudged=unjudged)
+        for title, (n, episodes, won, unjudged) in counts.items()
     }
 
 
+def _cell_counts(cell: Cell) -> str:
+    """successes/judged, with the unjudged episodes named when there are any."""
+    return f"{cell.successes}/{cell.judged}" + (f" +{cell.unjudged}?" if cell.unjudged else "")
+
+
 def format_table(report: EvalReport) -> str:
-    """The table as Markdown: success rate (%) with successes/episodes under it."""
+    """The table as Markdown: success rate (%) with successes/judged episodes under it
+    (and `+N?` for N episodes left unjudged)."""
     titles = list(report.table)
-    rates = [f"{cell.rate * 100:.1f}" if cell.episodes else "-" for cell in report.table.values()]
-    counts = [f"{cell.successes}/{cell.episodes}" for cell in report.table.values()]
+    rates = [f"{cell.rate * 100:.1f}" if cell.judged else "-" for cell in report.table.values()]
+    counts = [_cell_counts(cell) for cell in report.table.values()]
     lines = [
         f"{report.title}: {report.tasks} tasks, {report.episodes} episodes, {report.seconds:.1f} s",
         "| " + " | ".join(titles) + " |",
@@ -199,6 +228,11 @@ def format_table(report: EvalReport) -> str:
         f"columns, once in {AVERAGE})",
         "statuses: " + ", ".join(f"{k}={v}" for k, v in sorted(report.statuses.items())),
     ]
+    if report.unjudged:
+        lines.append(
+            f"unjudged: {report.unjudged} of {report.episodes} episodes had a check no judge "
+            "could score (+N? above); they are left out of the rates"
+        )
     return "\n".join(lines)
 
 
@@ -263,6 +297,7 @@ async def run_evaluation(
         tasks=len(results),
         episodes=sum(len(r.episodes) for r in results),
         successes=sum(r.successes for r in results),
+        unjudged=sum(r.unjudged for r in results),
         table=score_table(results),
         multi_site_tasks=sum(1 for r in results if len(r.columns) > 1),
         statuses=dict(statuses),
@@ -341,7 +376,7 @@ class PeriodicEvaluations:
                             by_site={
                                 title: cell.rate
                                 for title, cell in report.table.items()
-                                if cell.episodes
+                                if cell.judged
                             },
                         )
                     )
@@ -378,15 +413,17 @@ td.url, td.action { max-width: 360px; word-break: break-all; font-family: monosp
 </style></head><body>
 <h1>{{ report.title }}</h1>
 <p>{{ report.tasks }} tasks, {{ report.episodes }} episodes, {{ report.successes }} successes
-({{ "%.1f" % (report.success_rate * 100) }}%), {{ "%.1f" % report.seconds }} s.
+({{ "%.1f" % (report.success_rate * 100) }}% of the judged), {{ "%.1f" % report.seconds }} s.
+{% if report.unjudged %}{{ report.unjudged }} episodes had a check no judge could score:
+they are left out of the rates.{% endif %}
 Multi-site tasks ({{ report.multi_site_tasks }}) count in each of their sites' columns and
 once in the {{ average }} column.</p>
 <table id="table"><tr>
 {% for title in report.table %}<th class="num">{{ title }}</th>{% endfor %}
 </tr><tr>
 {% for cell in report.table.values() %}<td class="num">
-{% if cell.episodes %}{{ "%.1f" % (cell.rate * 100) }}{% else %}-{% endif %}
-<br><small>{{ cell.successes }}/{{ cell.episodes }}</small></td>
+{% if cell.judged %}{{ "%.1f" % (cell.rate * 100) }}{% else %}-{% endif %}
+<br><small>{{ cell_counts(cell) }}</small></td>
 {% endfor %}
 </tr></table>
 <p>Statuses:
@@ -467,4 +504,5 @@ def render_report(
         tasks=tasks,
         average=AVERAGE,
         action=_action,
+        cell_counts=_cell_counts,
     )

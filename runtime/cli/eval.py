@@ -237,7 +237,8 @@ class _Run:
                     done += 1
                     print(
                         f"[{done}/{len(tasks)}] task {result.task_id}: "
-                        f"{result.successes}/{len(result.episodes)}",
+                        f"{result.successes}/{len(result.episodes)}"
+                        + (f" ({result.unjudged} unjudged)" if result.unjudged else ""),
                         file=sys.stderr,
                         flush=True,
                     )

@@ -81,7 +81,7 @@ async def test_eval_cli_oracle_table_results_and_report(
     multi = next(r for r in results if r.sites == ["gitlab", "reddit"])
     assert multi.columns == ["Reddit", "GitLab"] and multi.successes == 1
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["table"]["Avg."] == {"tasks": 6, "episodes": 6, "successes": 6}
+    assert summary["table"]["Avg."] == {"tasks": 6, "episodes": 6, "successes": 6, "unjudged": 0}
     assert (out / "trajectories.jsonl").stat().st_size > 0
     assert (out / "table.md").read_text().splitlines()[1] == HEADER
 
@@ -191,6 +191,51 @@ def test_the_table_counts_multi_site_tasks_in_each_column() -> None:
     assert (table["GitLab"].tasks, table["GitLab"].episodes, table["GitLab"].successes) == (2, 4, 3)
     assert (table["Avg."].tasks, table["Avg."].episodes, table["Avg."].successes) == (3, 6, 3)
     assert table["CMS"].episodes == 0
+
+
+def test_unjudged_episodes_are_counted_apart_not_as_failures() -> None:
+    """An episode whose check no judge could score (here an "orm" check without an outcome
+    reward model) has no score: the table, the rates and the report leave it out and
+    name it, instead of counting a guessed 0 as a failure."""
+    from runtime.base.messages import EvalCheck, Evaluation, Trajectory, TrajectoryGroup
+    from runtime.evaluation import EvalReport, format_table, render_report, task_result
+
+    def episode(n: int, reward: float, unjudged: bool) -> Trajectory:
+        check = EvalCheck(kind="orm", passed=None if unjudged else reward > 0, detail="d")
+        return Trajectory(
+            episode_id=f"e{n}", group_id="g", task_id=7, intent="i", reward=reward,
+            evaluation=Evaluation(reward=reward, checks=[check], unjudged=unjudged),
+        )  # fmt: skip
+
+    task = TaskConfig(task_id=7, intent="i", sites=["gitlab"], start_url="http://x/")
+    group = TrajectoryGroup(
+        group_id="g", task_id=7, created_at=0.0,
+        trajectories=[episode(0, 1.0, False), episode(1, 0.0, False), episode(2, 0.0, True)],
+    )  # fmt: skip
+    result = task_result(task, group)
+    assert (result.successes, result.unjudged, result.success_rate) == (1, 1, 0.5)
+    assert [e.unjudged for e in result.episodes] == [False, False, True]
+    table = score_table([result])
+    assert (table["GitLab"].judged, table["GitLab"].rate, table["Avg."].unjudged) == (2, 0.5, 1)
+    report = EvalReport(
+        title="t", tasks=1, episodes=3, successes=1, unjudged=1, table=table,
+        multi_site_tasks=0, statuses={"exited": 3}, seconds=1.0, out_dir=".",
+    )  # fmt: skip
+    assert report.success_rate == 0.5
+    text = format_table(report)
+    assert "| - | 50.0 | - | - | - | 50.0 |" in text
+    assert "| 0/0 | 1/2 +1? | 0/0 | 0/0 | 0/0 | 1/2 +1? |" in text
+    assert "unjudged: 1 of 3 episodes" in text
+    html = render_report(report, [result], [group], {7: task})
+    assert "1/2 +1?" in html and "1 episodes had a check no judge could score" in html
+    # Nothing judged: no rate at all, not 0%.
+    alone = task_result(task, msgspec.structs.replace(group, trajectories=[episode(3, 0.0, True)]))
+    assert (alone.success_rate, score_table([alone])["Avg."].judged) == (0.0, 0)
+    none = EvalReport(
+        title="t", tasks=1, episodes=1, successes=0, unjudged=1, table=score_table([alone]),
+        multi_site_tasks=0, statuses={}, seconds=1.0, out_dir=".",
+    )  # fmt: skip
+    assert "| - | - | - | - | - | - |" in format_table(none)
 
 
 def test_eval_cli_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
