@@ -34,6 +34,10 @@ training. A seed of the headline numbers is the built-in sites' seed of the eval
 (`webagent eval --seed s`): a newly generated world (data, task instantiations) from the
 same templates, an independent draw of the test distribution. Success is given over all
 episodes with its binomial standard error, and the standard error of the per-seed rates.
+Every arm runs the same tasks of the same worlds, so pairs of arms (`PAIRS`) are also
+compared task by task (`paired_difference`: the mean difference, its standard error, the
+tasks only one solved and the sign test), which separates two arms with far fewer tasks
+than their two independent errors would need.
 
 Curves of (b) and (c) from each run's metrics.jsonl, per update: mean reward and fraction
 of groups with mixed rewards (groups finished since the previous update), the update's
@@ -84,6 +88,9 @@ from runtime.base.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("bc", "bc+rl", "webrl", "control", "r1-zero")
+# The comparisons printed (first arm minus second), where both arms ran.
+PAIRS = (("bc+rl", "bc"), ("webrl", "bc"), ("webrl", "bc+rl"), ("bc+rl", "control"),
+         ("control", "bc"))  # fmt: skip
 _ADAPTER = re.compile(r"@v(\d+)$")
 _SUITE = {"test": 219, "ood": 120}  # tasks per split of the built-in suite (any seed)
 
@@ -105,6 +112,38 @@ def success_stats(cells: Sequence[tuple[int, int]]) -> dict[str, Any]:
     se_seeds = statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) >= 2 else float("nan")
     return {"success": p, "se": se, "se_seeds": se_seeds, "episodes": episodes,
             "successes": successes, "per_seed": rates}  # fmt: skip
+
+
+def paired_difference(
+    a: Mapping[tuple[int, int], float], b: Mapping[tuple[int, int], float]
+) -> dict[str, Any]:
+    """Arm a against arm b on the tasks both were evaluated on: `a` and `b` map
+    (seed, task_id) to a task's success rate. The arms ran the same tasks in the same
+    worlds, so the per-task differences carry the comparison: their mean, its standard
+    error (sample standard deviation / sqrt(tasks)), the tasks only one arm solved, and
+    the two-sided sign test's p-value over those (exact binomial, p = 1/2): far tighter
+    than two independent binomial errors when most tasks go the same way for both."""
+    keys = sorted(set(a) & set(b))
+    diffs = [a[k] - b[k] for k in keys]
+    n = len(diffs)
+    only_a, only_b = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    mean = sum(diffs) / n if n else float("nan")
+    se = statistics.stdev(diffs) / math.sqrt(n) if n >= 2 else float("nan")
+    split = only_a + only_b
+    tail = sum(math.comb(split, k) for k in range(min(only_a, only_b) + 1)) / 2**split
+    return {"tasks": n, "difference": mean, "se": se, "only_a": only_a, "only_b": only_b,
+            "sign_p": min(1.0, 2 * tail)}  # fmt: skip
+
+
+def task_rates(results: Path) -> dict[int, float]:
+    """task_id -> success over the judged episodes of a `webagent eval` results.jsonl
+    (a task with none judged is left out)."""
+    rates: dict[int, float] = {}
+    for row in read_jsonl(results):
+        judged = len(row["episodes"]) - int(row.get("unjudged", 0))
+        if judged:
+            rates[int(row["task_id"])] = int(row["successes"]) / judged
+    return rates
 
 
 def newest_adapter(folder: Path) -> tuple[int, Path] | None:
@@ -760,6 +799,23 @@ def _estimate(exp: _Experiment) -> float:
     )  # fmt: skip
 
 
+def _paired(exp: _Experiment) -> list[dict[str, Any]]:
+    """`paired_difference` of each pair in PAIRS that both ran, per split, over every
+    seed's headline evaluation (the same tasks of the same worlds)."""
+    rates: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
+    for arm in exp.args.arms:
+        for e in exp.evals[arm]:
+            cell = rates.setdefault((arm, e["split"]), {})
+            for task, rate in task_rates(Path(e["out"]) / "results.jsonl").items():
+                cell[(e["seed"], task)] = rate
+    return [
+        {"a": a, "b": b, "split": split, **paired_difference(rates[(a, split)], rates[(b, split)])}
+        for a, b in PAIRS
+        for split in ("test", "ood")
+        if (a, split) in rates and (b, split) in rates
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     exp = _Experiment(args)
@@ -777,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         arm: {t: success_stats([(r["successes"], r["episodes"])]) for t, r in by.items()}
         for arm, by in exp.scaling_runs.items()
     }
+    paired = _paired(exp)
     pngs = [out / f"learning-curves-{stamp}.png", out / f"learning-scaling-{stamp}.png"]
     _plot_curves(runs, pngs[0])
     _plot_scaling(scaling, pngs[1])
@@ -832,6 +889,12 @@ def main(argv: list[str] | None = None) -> int:
             f" stop {r['stop_s']:.0f} s; daemon (learner) peak PSS {r['daemon_peak_pss_gib']} GiB"
             for arm, r in runs.items()
         ),
+        *(
+            f"paired, {c['split']}: {c['a']} - {c['b']} = {100 * c['difference']:+.1f} points "
+            f"± {100 * c['se']:.1f} over {c['tasks']} tasks (solved by only one: "
+            f"{c['only_a']} vs {c['only_b']}; sign test p = {c['sign_p']:.2f})"
+            for c in paired
+        ),
         "seconds: " + ", ".join(f"{k}={v:g}" for k, v in exp.timings.items()),
         f"estimate for the defaults at these speeds: {estimate:.0f} min",
         load_note(load),
@@ -839,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "args": vars(args), "timings": exp.timings, "bc": bc, "runs": runs, "evals": exp.evals,
         "control": exp.control,
-        "success": success, "estimate_defaults_min": round(estimate, 1),
+        "success": success, "paired": paired, "estimate_defaults_min": round(estimate, 1),
         "scaling": {a: {str(t): v for t, v in by.items()} for a, by in scaling.items()},
         "scaling_runs": {a: {str(t): v for t, v in by.items()}
                          for a, by in exp.scaling_runs.items()},

@@ -186,3 +186,57 @@ def test_bc_summary_totals_the_bc_runs_a_checkpoint_continued(tmp_path: Path) ->
     assert (report["steps"], report["total_steps"]) == (140, 418)
     assert report["total_wall_s"] == pytest.approx(4319.0)
     assert learning.bc_summary(first)["total_steps"] == 278
+
+
+def test_paired_difference_counts_tasks_only_one_arm_solved() -> None:
+    a = {(0, 1): 1.0, (0, 2): 1.0, (0, 3): 0.0, (0, 4): 1.0, (1, 1): 1.0, (0, 9): 1.0}
+    b = {(0, 1): 1.0, (0, 2): 0.0, (0, 3): 0.0, (0, 4): 0.0, (1, 1): 0.0, (0, 8): 1.0}
+    got = learning.paired_difference(a, b)
+    # 5 shared tasks: differences 0, 1, 0, 1, 1 (task 9 and task 8 are not shared)
+    assert (got["tasks"], got["only_a"], got["only_b"]) == (5, 3, 0)
+    assert got["difference"] == pytest.approx(0.6)
+    assert got["se"] == pytest.approx(math.sqrt(0.3) / math.sqrt(5))  # sample variance 0.3
+    assert got["sign_p"] == pytest.approx(2 / 8)  # 3 of 3 one way: 2 x (1/2)^3
+    even = learning.paired_difference({(0, 1): 1.0, (0, 2): 0.0}, {(0, 1): 0.0, (0, 2): 1.0})
+    assert (even["difference"], even["sign_p"]) == (0.0, 1.0)
+    same = learning.paired_difference({(0, 1): 1.0, (0, 2): 1.0}, {(0, 1): 1.0, (0, 2): 1.0})
+    assert (same["se"], same["sign_p"], same["only_a"]) == (0.0, 1.0, 0)
+    assert learning.paired_difference({}, {})["tasks"] == 0
+
+
+def test_task_rates_leave_out_tasks_with_nothing_judged(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    rows = [
+        {"task_id": 1, "successes": 1, "episodes": [{}, {}], "unjudged": 0},
+        {"task_id": 2, "successes": 0, "episodes": [{}], "unjudged": 1},
+        {"task_id": 3, "successes": 1, "episodes": [{}, {}, {}], "unjudged": 1},
+        {"task_id": 4, "successes": 0, "episodes": [{}]},  # written before `unjudged`
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0}
+
+
+def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    def run(name: str, solved: dict[int, int]) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "results.jsonl").write_text("".join(
+            json.dumps({"task_id": t, "successes": s, "episodes": [{}]}) + "\n"
+            for t, s in solved.items()
+        ))  # fmt: skip
+        return str(folder)
+
+    evals: dict[str, list[dict[str, object]]] = {arm: [] for arm in learning.ARMS}
+    evals["bc"] = [{"split": "test", "seed": 0, "out": run("bc-t", {1: 0, 2: 0, 3: 1})},
+                   {"split": "ood", "seed": 0, "out": run("bc-o", {7: 0})}]  # fmt: skip
+    evals["webrl"] = [{"split": "test", "seed": 0, "out": run("w-t", {1: 1, 2: 1, 3: 1})},
+                      {"split": "ood", "seed": 0, "out": run("w-o", {7: 0})}]  # fmt: skip
+    exp = SimpleNamespace(args=SimpleNamespace(arms=["bc", "webrl"]), evals=evals)
+    got = learning._paired(exp)  # type: ignore[arg-type]
+    assert [(c["a"], c["b"], c["split"]) for c in got] == [
+        ("webrl", "bc", "test"), ("webrl", "bc", "ood"),
+    ]  # fmt: skip
+    assert (got[0]["only_a"], got[0]["difference"]) == (2, pytest.approx(2 / 3))
+    assert (got[1]["tasks"], got[1]["difference"]) == (1, 0.0)
