@@ -65,9 +65,11 @@ class RolloutSummary:
     episodes: int = 0
     turns: int = 0
     successes: int = 0
+    # Episodes whose evaluation left a check unjudged: no score, left out of every rate.
+    unjudged: int = 0
     seconds: float = 0.0
     statuses: Counter[str] = field(default_factory=Counter)
-    # site -> (successes, episodes)
+    # site -> (successes, judged episodes)
     by_site: dict[str, list[int]] = field(default_factory=dict)
     prompt_tokens: int = 0
     prompt_tokens_uncompressed: int = 0
@@ -75,7 +77,8 @@ class RolloutSummary:
 
     @property
     def success_rate(self) -> float:
-        return self.successes / self.episodes if self.episodes else 0.0
+        judged = self.episodes - self.unjudged
+        return self.successes / judged if judged else 0.0
 
     @property
     def episodes_per_s(self) -> float:
@@ -113,10 +116,13 @@ def summarize(
             summary.turns += len(trajectory.turns)
             summary.statuses[trajectory.status] += 1
             won = trajectory.reward > 0
-            summary.successes += won
             counts = summary.by_site.setdefault(site, [0, 0])
-            counts[0] += won
-            counts[1] += 1
+            if trajectory.evaluation is not None and trajectory.evaluation.unjudged:
+                summary.unjudged += 1
+            else:
+                summary.successes += won
+                counts[0] += won
+                counts[1] += 1
             sent, full = prompt_tokens(
                 trajectory,
                 keep_thoughts=keep_thoughts,
@@ -155,10 +161,15 @@ def format_summary(
     ]
     lines.append(f"{'site':<16}{'success':>10}{'episodes':>10}{'rate':>8}")
     for site, (won, total) in sorted(summary.by_site.items()):
-        lines.append(f"{site:<16}{won:>10}{total:>10}{won / total:>8.1%}")
-    lines.append(
-        f"{'all':<16}{summary.successes:>10}{summary.episodes:>10}{summary.success_rate:>8.1%}"
-    )
+        rate = f"{won / total:>8.1%}" if total else f"{'-':>8}"
+        lines.append(f"{site:<16}{won:>10}{total:>10}{rate}")
+    judged = summary.episodes - summary.unjudged
+    lines.append(f"{'all':<16}{summary.successes:>10}{judged:>10}{summary.success_rate:>8.1%}")
+    if summary.unjudged:
+        lines.append(
+            f"unjudged: {summary.unjudged} episodes had a check no judge could score (not "
+            "counted above)"
+        )
     lines.append("statuses: " + ", ".join(f"{k}={v}" for k, v in sorted(summary.statuses.items())))
     lines.append(
         f"throughput: {summary.episodes_per_s:.2f} episodes/s, {summary.steps_per_s:.2f} steps/s "
