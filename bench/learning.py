@@ -146,12 +146,11 @@ def paired_difference(
 def task_rates(results: Path) -> dict[int, float]:
     """task_id -> success over the judged episodes of a `webagent eval` results.jsonl
     (a task with none judged is left out)."""
-    rates: dict[int, float] = {}
-    for row in read_jsonl(results):
-        judged = len(row["episodes"]) - int(row.get("unjudged", 0))
-        if judged:
-            rates[int(row["task_id"])] = int(row["successes"]) / judged
-    return rates
+    return {
+        int(row["task_id"]): float(row["success_rate"])  # already over the judged episodes
+        for row in read_jsonl(results)
+        if len(row["episodes"]) > int(row.get("unjudged", 0))
+    }
 
 
 def newest_adapter(folder: Path) -> tuple[int, Path] | None:

@@ -141,10 +141,13 @@ class EvalReport(msgspec.Struct, frozen=True, kw_only=True):
     unjudged: int = 0
 
     @property
+    def judged(self) -> int:
+        return self.episodes - self.unjudged
+
+    @property
     def success_rate(self) -> float:
         """Over the judged episodes (see the module docstring)."""
-        judged = self.episodes - self.unjudged
-        return self.successes / judged if judged else 0.0
+        return self.successes / self.judged if self.judged else 0.0
 
 
 # --------------------------------------------------------------------------- scoring

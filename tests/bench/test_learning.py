@@ -207,10 +207,16 @@ def test_paired_difference_counts_tasks_only_one_arm_solved() -> None:
 def test_task_rates_leave_out_tasks_with_nothing_judged(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     rows = [
-        {"task_id": 1, "successes": 1, "episodes": [{}, {}], "unjudged": 0},
-        {"task_id": 2, "successes": 0, "episodes": [{}], "unjudged": 1},
-        {"task_id": 3, "successes": 1, "episodes": [{}, {}, {}], "unjudged": 1},
-        {"task_id": 4, "successes": 0, "episodes": [{}]},  # written before `unjudged`
+        {"task_id": 1, "successes": 1, "episodes": [{}, {}], "unjudged": 0, "success_rate": 0.5},
+        {"task_id": 2, "successes": 0, "episodes": [{}], "unjudged": 1, "success_rate": 0.0},
+        {
+            "task_id": 3,
+            "successes": 1,
+            "episodes": [{}, {}, {}],
+            "unjudged": 1,
+            "success_rate": 0.5,
+        },
+        {"task_id": 4, "successes": 0, "episodes": [{}], "success_rate": 0.0},  # no `unjudged`
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert learning.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0}
@@ -223,7 +229,7 @@ def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
         folder = tmp_path / name
         folder.mkdir()
         (folder / "results.jsonl").write_text("".join(
-            json.dumps({"task_id": t, "successes": s, "episodes": [{}]}) + "\n"
+            json.dumps({"task_id": t, "successes": s, "episodes": [{}], "success_rate": s}) + "\n"
             for t, s in solved.items()
         ))  # fmt: skip
         return str(folder)
