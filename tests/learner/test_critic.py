@@ -89,7 +89,13 @@ def test_the_critic_learns_which_states_succeed(tiny_qwen: Callable[..., Any]) -
     assert abs(good - bad) < 0.2  # untrained: it cannot tell
     optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-2)
     rng = random.Random(0)
-    for _ in range(80):
+    for _ in range(200):
         critic.step(optimizer, rng.sample(train, 8))
     good, bad = mean_values(held)
-    assert good > 0.8 and bad < 0.2, (good, bad)
+    # Over model seeds 0-7 on one machine, 200 steps gave good >= 0.89, bad <= 0.14 and
+    # held-out accuracy >= 0.93; 80 steps left seed 0 at 0.59 / 0.08. The bounds leave
+    # room for another CPU's rounding.
+    assert good > 0.75 and bad < 0.25, (good, bad)
+    values = critic.values([e.prompt_ids for e in held])
+    right = sum((v > 0.5) == bool(e.outcome) for v, e in zip(values, held, strict=True))
+    assert right / len(held) >= 0.85, right / len(held)
