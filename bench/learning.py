@@ -40,7 +40,8 @@ episodes with its binomial standard error, and the standard error of the per-see
 Every arm runs the same tasks of the same worlds, so pairs of arms (`PAIRS`) are also
 compared task by task (`paired_difference`: the mean difference, its standard error, the
 tasks only one solved and the sign test), which separates two arms with far fewer tasks
-than their two independent errors would need.
+than their two independent errors would need. Episodes that ended in an infrastructure
+error (`error:*`) or were not judged are left out of a task's rate there.
 
 Curves of (b) and (c) from each run's metrics.jsonl, per update: mean reward and fraction
 of groups with mixed rewards (groups finished since the previous update), the update's
@@ -144,13 +145,19 @@ def paired_difference(
 
 
 def task_rates(results: Path) -> dict[int, float]:
-    """task_id -> success over the judged episodes of a `webagent eval` results.jsonl
-    (a task with none judged is left out)."""
-    return {
-        int(row["task_id"]): float(row["success_rate"])  # already over the judged episodes
-        for row in read_jsonl(results)
-        if len(row["episodes"]) > int(row.get("unjudged", 0))
-    }
+    """task_id -> success over the episodes of a `webagent eval` results.jsonl that were
+    judged and ended without an infrastructure error (`error:*`: a policy call that timed
+    out on a loaded server, a crashed browser), which says nothing of the policy. A task
+    with no such episode is left out, so a pair of arms is compared on the tasks both ran."""
+    rates: dict[int, float] = {}
+    for row in read_jsonl(results):
+        scored = [
+            e for e in row["episodes"]
+            if not e.get("unjudged") and not str(e["status"]).startswith("error:")
+        ]  # fmt: skip
+        if scored:
+            rates[int(row["task_id"])] = sum(e["reward"] > 0 for e in scored) / len(scored)
+    return rates
 
 
 def newest_adapter(folder: Path) -> tuple[int, Path] | None:

@@ -204,22 +204,23 @@ def test_paired_difference_counts_tasks_only_one_arm_solved() -> None:
     assert learning.paired_difference({}, {})["tasks"] == 0
 
 
-def test_task_rates_leave_out_tasks_with_nothing_judged(tmp_path: Path) -> None:
+def _episode(reward: float, status: str = "exited", unjudged: bool = False) -> dict[str, object]:
+    return {"status": status, "reward": reward, "unjudged": unjudged}
+
+
+def test_task_rates_leave_out_unjudged_and_infrastructure_errors(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     rows = [
-        {"task_id": 1, "successes": 1, "episodes": [{}, {}], "unjudged": 0, "success_rate": 0.5},
-        {"task_id": 2, "successes": 0, "episodes": [{}], "unjudged": 1, "success_rate": 0.0},
-        {
-            "task_id": 3,
-            "successes": 1,
-            "episodes": [{}, {}, {}],
-            "unjudged": 1,
-            "success_rate": 0.5,
-        },
-        {"task_id": 4, "successes": 0, "episodes": [{}], "success_rate": 0.0},  # no `unjudged`
+        {"task_id": 1, "episodes": [_episode(1.0), _episode(0.0, "max_turns")]},
+        {"task_id": 2, "episodes": [_episode(0.0, unjudged=True)]},
+        {"task_id": 3, "episodes": [_episode(1.0), _episode(0.0, unjudged=True), _episode(0.0)]},
+        {"task_id": 4, "episodes": [{"status": "exited", "reward": 0.0}]},  # no `unjudged`
+        # A policy timeout is not a failure of the policy: left out, not counted as 0.
+        {"task_id": 5, "episodes": [_episode(0.0, "error:policy"), _episode(1.0)]},
+        {"task_id": 6, "episodes": [_episode(0.0, "error:browser")]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert learning.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0}
+    assert learning.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0, 5: 1.0}
 
 
 def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
@@ -229,7 +230,7 @@ def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
         folder = tmp_path / name
         folder.mkdir()
         (folder / "results.jsonl").write_text("".join(
-            json.dumps({"task_id": t, "successes": s, "episodes": [{}], "success_rate": s}) + "\n"
+            json.dumps({"task_id": t, "episodes": [_episode(float(s))]}) + "\n"
             for t, s in solved.items()
         ))  # fmt: skip
         return str(folder)
