@@ -25,7 +25,8 @@ Accuracy (train and held-out, per step): teacher-forced exact match of the ACTIO
 demonstration's own prompt and thought as context, the argmax token equals the demonstrated
 token at every completion position outside `<think>...</think>` (the answer, its tags and
 the end token). Equivalently: greedy decoding from the demonstrated thought would emit
-exactly the demonstrated action and stop. Scored on a fixed, seeded subset of turns.
+exactly the demonstrated action and stop. Scored on a fixed, seeded subset of turns
+(`learner.bc_scoring`).
 
 Modes: full fine-tuning (tiny models), or LoRA merged into the weights at the end (large
 models); "auto" picks full up to `BCConfig.full_max_params`. The result is a full model
@@ -49,12 +50,12 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import structlog
 
-from learner.batch import MicroBatch, TurnSample, collate, micro_batches
+from learner.batch import collate, micro_batches
 from learner.bc_budget import (
     another_step_fits,
     budget_progress,
@@ -62,11 +63,18 @@ from learner.bc_budget import (
     periodic_eval_fits,
     schedule_factor,
 )
+from learner.bc_scoring import (
+    bc_samples,
+    completion_logits,
+    prompt_logprob_sum,
+    teacher_forced_scores,
+    whole_episodes,
+)
 from learner.demos import BCExample, demo_examples, read_demos, split_heldout
 from learner.engine import compute_autocast, lr_factor, resolve_device
 from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora
-from learner.loss import token_logprobs, triple_mean_weights
+from learner.loss import token_logprobs
 from policy.prompt import PromptRenderer
 from runtime.base.config import BCConfig, LearnerConfig
 from runtime.base.files import write_folder
@@ -197,149 +205,6 @@ def snapshot_path(out: str | Path, minutes: float) -> Path:
     return out.parent / f"{out.name}-{minutes:g}m"
 
 
-def _samples(examples: Sequence[BCExample], *, scoring: bool) -> list[TurnSample]:
-    """Training samples (every completion token; per-action token mean, then per-action
-    mean) or scoring samples (weight 1 on action tokens)."""
-    if scoring:
-        masks = [e.action_mask for e in examples]
-        weights = [1.0] * len(examples)
-    else:
-        masks = [(True,) * len(e.completion_ids) for e in examples]
-        weights = [w[0] for w in triple_mean_weights([[len(m)] for m in masks])]
-    return [
-        TurnSample(
-            group_id="bc",
-            episode_id=e.episode_id,
-            turn=e.turn,
-            prompt_ids=e.prompt_ids,
-            completion_ids=e.completion_ids,
-            mask=m,
-            old_logprobs=(),
-            advantage=1.0,
-            weight=w,
-        )
-        for e, m, w in zip(examples, masks, weights, strict=True)
-    ]
-
-
-# --------------------------------------------------------------------------- torch
-
-
-def _forward(model: Any, mb: MicroBatch) -> Any:
-    """Logits predicting the completion columns of `mb` ([N, K, vocab])."""
-    out = model(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        position_ids=mb.position_ids,
-        logits_to_keep=mb.completion_width + 1,
-        use_cache=False,
-    )
-    return out.logits[:, :-1, :]
-
-
-def _prompt_logprob_sum(model: Any, mb: MicroBatch, completions: Sequence[int]) -> tuple[Any, Any]:
-    """(log-probs of the completion columns [N, K], the sum of the log-probs of every
-    prompt token after each row's first) from one forward over all positions."""
-    import torch
-
-    logits = model(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        position_ids=mb.position_ids,
-        use_cache=False,
-    ).logits
-    k = mb.completion_width
-    completion = token_logprobs(logits[:, -k - 1 : -1, :], mb.targets)
-    width = mb.input_ids.shape[1]
-    target_column = torch.arange(1, width, device=mb.input_ids.device)
-    first_completion = width - torch.tensor(completions, device=mb.input_ids.device)
-    in_prompt = target_column[None, :] < first_completion[:, None]
-    real = (mb.attention_mask[:, 1:] * mb.attention_mask[:, :-1]).bool()
-    logp = token_logprobs(logits[:, :-1, :], mb.input_ids[:, 1:])
-    return completion, (logp * (in_prompt & real)).sum()
-
-
-class _Scores(NamedTuple):
-    """Teacher-forced shares: action right (given the demonstrated thought) and whole turn
-    right, per turn and per episode (every turn of it); the mean NLL of a reply token."""
-
-    turns: float
-    episodes: float
-    whole_turns: float
-    whole_episodes: float
-    loss: float
-
-
-def _accuracy(
-    model: Any,
-    examples: Sequence[BCExample],
-    budget: int,
-    pad_id: int,
-    device: str,
-    *,
-    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-) -> _Scores:
-    """Teacher-forced exact match against the argmax: of the action tokens, and of every
-    completion token; and the completion tokens' mean NLL (`_Scores`)."""
-    import torch
-
-    if not examples:
-        return _Scores(math.nan, math.nan, math.nan, math.nan, math.nan)
-    # (episode, hit) in micro-batch order: micro_batches sorts samples longest first
-    action_hits: list[tuple[str, bool]] = []
-    whole_hits: list[tuple[str, bool]] = []
-    nll = 0.0
-    reply_tokens = 0
-    model.eval()
-    with torch.no_grad(), autocast():
-        for mb_samples in micro_batches(_samples(examples, scoring=True), budget):
-            mb = collate(mb_samples, pad_id=pad_id).to(device)
-            logits = _forward(model, mb)
-            hit = logits.argmax(-1) == mb.targets
-            logp = token_logprobs(logits, mb.targets)
-            scored = mb.weights > 0
-            width = mb.completion_width
-            for row, sample in enumerate(mb_samples):
-                episode = sample.episode_id
-                action_hits.append((episode, bool((hit[row] | ~scored[row]).all())))
-                reply = slice(width - len(sample.completion_ids), width)
-                whole_hits.append((episode, bool(hit[row, reply].all())))
-                nll -= float(logp[row, reply].sum())
-                reply_tokens += len(sample.completion_ids)
-
-    def by_episode(hits: list[tuple[str, bool]]) -> float:
-        episodes: dict[str, bool] = {}
-        for episode, ok in hits:
-            episodes[episode] = episodes.get(episode, True) and ok
-        return sum(episodes.values()) / len(episodes)
-
-    n = len(action_hits)
-    return _Scores(
-        sum(ok for _, ok in action_hits) / n,
-        by_episode(action_hits),
-        sum(ok for _, ok in whole_hits) / n,
-        by_episode(whole_hits),
-        nll / reply_tokens,
-    )
-
-
-def _whole_episodes(
-    examples: Sequence[BCExample], turns: int, rng: random.Random
-) -> list[BCExample]:
-    """A seeded sample of whole episodes holding about `turns` turns."""
-    by_episode: dict[str, list[BCExample]] = {}
-    for example in examples:
-        by_episode.setdefault(example.episode_id, []).append(example)
-    keys = sorted(by_episode)
-    rng.shuffle(keys)
-    picked: list[BCExample] = []
-    for key in keys:
-        if len(picked) >= turns:
-            break
-        picked.extend(by_episode[key])
-    return picked
-
-
 def bc_step(
     model: Any,
     optimizer: Any,
@@ -361,15 +226,15 @@ def bc_step(
     total = 0.0
     tokens = 0
     prompt_tokens = sum(len(e.prompt_ids) - 1 for e in batch)
-    for mb_samples in micro_batches(_samples(batch, scoring=False), cfg.micro_batch_tokens):
+    for mb_samples in micro_batches(bc_samples(batch, scoring=False), cfg.micro_batch_tokens):
         mb = collate(mb_samples, pad_id=pad_id).to(device)
         with autocast():
             if prompt_loss > 0 and prompt_tokens > 0:
                 completions = [len(s.completion_ids) for s in mb_samples]
-                logp, prompt_sum = _prompt_logprob_sum(model, mb, completions)
+                logp, prompt_sum = prompt_logprob_sum(model, mb, completions)
                 loss = -(mb.weights * logp).sum() - prompt_loss * prompt_sum / prompt_tokens
             else:
-                logp = token_logprobs(_forward(model, mb), mb.targets)
+                logp = token_logprobs(completion_logits(model, mb), mb.targets)
                 loss = -(mb.weights * logp).sum()
         loss.backward()
         total += float(loss.item())
@@ -489,8 +354,8 @@ def train_examples(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
     score_rng = random.Random(config.seed + 1)
-    held_eval = _whole_episodes(held, config.eval_examples, score_rng)
-    train_eval = _whole_episodes(train, config.eval_examples, score_rng)
+    held_eval = whole_episodes(held, config.eval_examples, score_rng)
+    train_eval = whole_episodes(train, config.eval_examples, score_rng)
     eval_turns = len(held_eval) + len(train_eval)
     history: list[BCEval] = []
     started = time.monotonic()
@@ -511,8 +376,12 @@ def train_examples(
         tick = time.monotonic()
         success = None if evaluate_success is None else float(evaluate_success(model.eval()))
         budget = config.micro_batch_tokens
-        train_scores = _accuracy(model, train_eval, budget, pad_id, device, autocast=autocast)
-        held_scores = _accuracy(model, held_eval, budget, pad_id, device, autocast=autocast)
+        train_scores = teacher_forced_scores(
+            model, train_eval, budget, pad_id, device, autocast=autocast
+        )
+        held_scores = teacher_forced_scores(
+            model, held_eval, budget, pad_id, device, autocast=autocast
+        )
         point = BCEval(
             step=step,
             wall_s=time.monotonic() - started,

@@ -14,7 +14,6 @@ import pytest
 from learner.batch import think_mask
 from learner.bc import (
     BCExample,
-    _accuracy,
     another_step_fits,
     behaviour_clone,
     budget_progress,
@@ -25,6 +24,7 @@ from learner.bc import (
     schedule_factor,
     split_heldout,
 )
+from learner.bc_scoring import teacher_forced_scores
 from learner.demos import reply_ids
 from learner.errors import DemonstrationError
 from policy.profile import TINY_PROMPT_LOSS
@@ -147,7 +147,9 @@ def test_whole_turn_accuracy_counts_the_thought_action_accuracy_does_not() -> No
         turn("b", 0, (4, 5, 6, 7, 8, 13, 9)),  # action token 13 missed
         turn("c", 0, (4, 5, 6, 7, 8, 8, 9)),  # all right
     ]
-    scores = _accuracy(_NextTokenModel(16, miss=13), examples, 8192, pad_id=0, device="cpu")
+    scores = teacher_forced_scores(
+        _NextTokenModel(16, miss=13), examples, 8192, pad_id=0, device="cpu"
+    )
     assert scores.turns == 3 / 4 and scores.whole_turns == 2 / 4
     assert scores.episodes == 2 / 3 and scores.whole_episodes == 1 / 3
     # NLL per reply token: the one-hot logits give log(e + 15) - 1 where right, log(e + 15)
@@ -164,7 +166,9 @@ def test_whole_turn_accuracy_counts_the_thought_action_accuracy_does_not() -> No
         BCExample(1, "b", 0, (1, 2, 3, 3, 3), right, (True, False, False, True, True, True, True)),
         turn("c", 0, right),
     ]
-    scores = _accuracy(_NextTokenModel(16, miss=13), reordered, 8192, pad_id=0, device="cpu")
+    scores = teacher_forced_scores(
+        _NextTokenModel(16, miss=13), reordered, 8192, pad_id=0, device="cpu"
+    )
     assert scores.turns == 2 / 4 and scores.episodes == 2 / 3
     assert scores.whole_episodes == 2 / 3
 
@@ -461,7 +465,7 @@ def test_prompt_loss_scores_every_prompt_token_of_left_padded_rows(
     from transformers import AutoModelForCausalLM
 
     from learner.batch import collate
-    from learner.bc import _forward, _prompt_logprob_sum, _samples
+    from learner.bc_scoring import bc_samples, completion_logits, prompt_logprob_sum
     from learner.loss import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(command_model_dir, dtype=torch.float32).eval()
@@ -469,11 +473,11 @@ def test_prompt_loss_scores_every_prompt_token_of_left_padded_rows(
         BCExample(1, "a", 0, (5, 9, 14, 3, 8, 21), (7, 4, 2), (True, True, True)),
         BCExample(2, "b", 0, (11, 6, 9), (7, 30, 31, 4, 2), (True,) * 5),
     ]
-    samples = _samples(examples, scoring=True)
+    samples = bc_samples(examples, scoring=True)
     mb = collate(samples, pad_id=0)
     with torch.no_grad():
-        completion, prompt_sum = _prompt_logprob_sum(model, mb, [3, 5])
-        plain = token_logprobs(_forward(model, mb), mb.targets)
+        completion, prompt_sum = prompt_logprob_sum(model, mb, [3, 5])
+        plain = token_logprobs(completion_logits(model, mb), mb.targets)
         expected = 0.0
         for e in examples:
             ids = torch.tensor([list(e.prompt_ids + e.completion_ids)])
@@ -491,18 +495,18 @@ def test_prompt_loss_teaches_the_pages_too(
     from transformers import AutoModelForCausalLM
 
     from learner.batch import collate
-    from learner.bc import _prompt_logprob_sum, _samples
+    from learner.bc import bc_samples, prompt_logprob_sum
 
     demos = command_task.demos(2, 1.0, seed=1)
     renderer = PromptRenderer.from_model(command_model_dir)
     examples = demo_examples(demos, renderer, system_prompt=command_task.SYSTEM)[:8]
-    mb = collate(_samples(examples, scoring=True), pad_id=0)
+    mb = collate(bc_samples(examples, scoring=True), pad_id=0)
     completions = [len(e.completion_ids) for e in examples]
 
     def prompt_logp(folder: Path) -> float:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         with torch.no_grad():
-            return float(_prompt_logprob_sum(model, mb, completions)[1])
+            return float(prompt_logprob_sum(model, mb, completions)[1])
 
     start = prompt_logp(command_model_dir)
     ends = {}
