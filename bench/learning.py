@@ -75,13 +75,12 @@ import argparse
 import json
 import math
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -89,6 +88,14 @@ from typing import Any
 import anyio
 
 from bench.common import LoadSampler, format_table, load_note, pss_bytes, write_result
+from bench.learning_stats import (
+    curves,
+    newest_adapter,
+    paired_difference,
+    read_jsonl,
+    success_stats,
+    task_rates,
+)
 from runtime.base.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +103,6 @@ ARMS = ("bc", "bc+rl", "webrl", "control", "r1-zero")
 # The comparisons printed (first arm minus second), where both arms ran.
 PAIRS = (("bc+rl", "bc"), ("webrl", "bc"), ("webrl", "bc+rl"), ("bc+rl", "control"),
          ("control", "bc"))  # fmt: skip
-_ADAPTER = re.compile(r"@v(\d+)$")
 _SUITE = {"test": 219, "ood": 120}  # tasks per split of the built-in suite (any seed)
 # The graceful stop finishes the update (or WebRL phase) in flight and publishes it: up to
 # ~10 minutes of SmolLM2 on one torch thread here. 300 s once killed such a stop, and
@@ -105,125 +111,6 @@ _STOP_WAIT_S = 1800.0
 
 
 # --------------------------------------------------------------------------- pure helpers
-
-
-def success_stats(cells: Sequence[tuple[int, int]]) -> dict[str, Any]:
-    """Success over seeds: `cells` holds (successes, episodes) per seed.
-
-    success: over all episodes; se: binomial standard error sqrt(p(1-p)/n) over them;
-    se_seeds: standard deviation of the per-seed rates / sqrt(seeds) (NaN under 2 seeds).
-    """
-    episodes = sum(e for _, e in cells)
-    successes = sum(s for s, _ in cells)
-    p = successes / episodes if episodes else float("nan")
-    se = math.sqrt(p * (1 - p) / episodes) if episodes else float("nan")
-    rates = [s / e for s, e in cells if e]
-    se_seeds = statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) >= 2 else float("nan")
-    return {"success": p, "se": se, "se_seeds": se_seeds, "episodes": episodes,
-            "successes": successes, "per_seed": rates}  # fmt: skip
-
-
-def paired_difference(
-    a: Mapping[tuple[int, int], float], b: Mapping[tuple[int, int], float]
-) -> dict[str, Any]:
-    """Arm a against arm b on the tasks both were evaluated on: `a` and `b` map
-    (seed, task_id) to a task's success rate. The arms ran the same tasks in the same
-    worlds, so the per-task differences carry the comparison: their mean, its standard
-    error (sample standard deviation / sqrt(tasks)), the tasks only one arm solved, and
-    the two-sided sign test's p-value over those (exact binomial, p = 1/2): far tighter
-    than two independent binomial errors when most tasks go the same way for both."""
-    keys = sorted(set(a) & set(b))
-    diffs = [a[k] - b[k] for k in keys]
-    n = len(diffs)
-    only_a, only_b = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    mean = sum(diffs) / n if n else float("nan")
-    se = statistics.stdev(diffs) / math.sqrt(n) if n >= 2 else float("nan")
-    split = only_a + only_b
-    tail = sum(math.comb(split, k) for k in range(min(only_a, only_b) + 1)) / 2**split
-    return {"tasks": n, "difference": mean, "se": se, "only_a": only_a, "only_b": only_b,
-            "sign_p": min(1.0, 2 * tail)}  # fmt: skip
-
-
-def task_rates(results: Path) -> dict[int, float]:
-    """task_id -> success over the episodes of a `webagent eval` results.jsonl that were
-    judged and ended without an infrastructure error (`error:*`: a policy call that timed
-    out on a loaded server, a crashed browser), which says nothing of the policy. A task
-    with no such episode is left out, so a pair of arms is compared on the tasks both ran."""
-    rates: dict[int, float] = {}
-    for row in read_jsonl(results):
-        scored = [
-            e for e in row["episodes"]
-            if not e.get("unjudged") and not str(e["status"]).startswith("error:")
-        ]  # fmt: skip
-        if scored:
-            rates[int(row["task_id"])] = sum(e["reward"] > 0 for e in scored) / len(scored)
-    return rates
-
-
-def newest_adapter(folder: Path) -> tuple[int, Path] | None:
-    """(version, path) of the newest `*@vN` folder holding a manifest.json, if any."""
-    best: tuple[int, Path] | None = None
-    if not folder.is_dir():
-        return None
-    for path in folder.iterdir():
-        match = _ADAPTER.search(path.name)
-        if match and (path / "manifest.json").is_file():
-            version = int(match.group(1))
-            if best is None or version > best[0]:
-                best = (version, path)
-    return best
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of `path`; a torn last line (a killed writer) is skipped."""
-    if not path.is_file():
-        return []
-    out: list[dict[str, Any]] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number != len(lines):
-                raise
-    return out
-
-
-def curves(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Learning curves from a daemon's events (metrics.jsonl).
-
-    intervals[k]: the groups that finished after update k and before update k+1 (k = 0:
-    before the first): their number, mean reward over all their episodes, and the
-    fraction with mixed rewards (the only ones M-GRPO learns from). updates[k-1]: the
-    metrics of update k (loss, clip_fraction, approx_kl, reward_mean of the trained groups).
-    """
-    keys = ("loss", "clip_fraction", "approx_kl", "reward_mean", "grad_norm", "critic_loss")
-    cells: list[dict[str, Any]] = [{"update": 0, "rewards": [], "groups": 0, "mixed": 0}]
-    updates: list[dict[str, Any]] = []
-    start: float | None = None
-    for event in events:
-        kind, at = event.get("event"), float(event.get("at", 0.0))
-        start = at if start is None else start
-        if kind == "GroupReady":
-            rewards = [float(r) for r in event.get("rewards", [])]
-            cells[-1]["groups"] += 1
-            cells[-1]["rewards"].extend(rewards)
-            cells[-1]["mixed"] += int(len(set(rewards)) > 1)
-        elif kind == "UpdateApplied":
-            metrics = event.get("metrics", {})
-            updates.append({"update": len(updates) + 1, "minutes": (at - start) / 60,
-                            "groups_trained": event.get("groups_trained", 0),
-                            **{k: float(metrics[k]) for k in keys if k in metrics}})  # fmt: skip
-            cells.append({"update": len(updates), "rewards": [], "groups": 0, "mixed": 0})
-    for cell in cells:
-        rewards, groups = cell.pop("rewards"), cell["groups"]
-        cell["reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
-        cell["mixed_fraction"] = cell["mixed"] / groups if groups else float("nan")
-    return {"intervals": [c for c in cells if c["groups"]], "updates": updates,
-            "groups": sum(c["groups"] for c in cells),
-            "mixed_groups": sum(c["mixed"] for c in cells)}  # fmt: skip
 
 
 def rl_toml(*, model: Path, run_dir: Path, data_dir: Path, settings: Mapping[str, Any]) -> str:

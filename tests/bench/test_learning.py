@@ -9,42 +9,42 @@ from pathlib import Path
 
 import pytest
 
-from bench import learning
+from bench import learning, learning_stats
 from runtime.base.config import load_config
 
 
 def test_success_stats_pools_episodes_and_seeds() -> None:
-    stats = learning.success_stats([(30, 100), (50, 100), (40, 100)])
+    stats = learning_stats.success_stats([(30, 100), (50, 100), (40, 100)])
     assert stats["episodes"] == 300 and stats["successes"] == 120
     assert stats["success"] == pytest.approx(0.4)
     assert stats["se"] == pytest.approx(math.sqrt(0.4 * 0.6 / 300))
     assert stats["per_seed"] == [0.3, 0.5, 0.4]
     assert stats["se_seeds"] == pytest.approx(0.1 / math.sqrt(3))
-    one = learning.success_stats([(3, 10)])
+    one = learning_stats.success_stats([(3, 10)])
     assert one["success"] == pytest.approx(0.3) and math.isnan(one["se_seeds"])
-    none = learning.success_stats([])
+    none = learning_stats.success_stats([])
     assert none["episodes"] == 0 and math.isnan(none["success"])
 
 
 def test_newest_adapter_needs_a_manifest(tmp_path: Path) -> None:
-    assert learning.newest_adapter(tmp_path / "missing") is None
+    assert learning_stats.newest_adapter(tmp_path / "missing") is None
     for version, manifest in ((0, True), (2, True), (10, True), (11, False)):
         folder = tmp_path / f"policy@v{version}"
         folder.mkdir()
         if manifest:
             (folder / "manifest.json").write_text("{}")
     (tmp_path / ".policy@v12.tmp-x").mkdir()
-    assert learning.newest_adapter(tmp_path) == (10, tmp_path / "policy@v10")
+    assert learning_stats.newest_adapter(tmp_path) == (10, tmp_path / "policy@v10")
 
 
 def test_read_jsonl_skips_only_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_text('{"a": 1}\n\n{"a": 2}\n{"a": ')
-    assert learning.read_jsonl(path) == [{"a": 1}, {"a": 2}]
+    assert learning_stats.read_jsonl(path) == [{"a": 1}, {"a": 2}]
     path.write_text('{"a": \n{"a": 2}\n')
     with pytest.raises(json.JSONDecodeError):
-        learning.read_jsonl(path)
-    assert learning.read_jsonl(tmp_path / "none.jsonl") == []
+        learning_stats.read_jsonl(path)
+    assert learning_stats.read_jsonl(tmp_path / "none.jsonl") == []
 
 
 def test_curves_bin_groups_between_updates() -> None:
@@ -61,7 +61,7 @@ def test_curves_bin_groups_between_updates() -> None:
         },
         {"event": "GroupReady", "at": 170.0, "rewards": [1.0, 1.0, 0.0, 1.0]},
     ]
-    found = learning.curves(events)
+    found = learning_stats.curves(events)
     assert found["groups"] == 3 and found["mixed_groups"] == 2
     first, second = found["intervals"]
     assert (first["update"], first["groups"], first["mixed"]) == (0, 2, 1)
@@ -74,8 +74,13 @@ def test_curves_bin_groups_between_updates() -> None:
 
 
 def test_curves_of_a_run_without_updates_or_groups() -> None:
-    assert learning.curves([]) == {"intervals": [], "updates": [], "groups": 0, "mixed_groups": 0}
-    found = learning.curves([{"event": "GroupReady", "at": 1.0, "rewards": [0.0, 0.0]}])
+    assert learning_stats.curves([]) == {
+        "intervals": [],
+        "updates": [],
+        "groups": 0,
+        "mixed_groups": 0,
+    }
+    found = learning_stats.curves([{"event": "GroupReady", "at": 1.0, "rewards": [0.0, 0.0]}])
     assert found["updates"] == [] and found["intervals"][0]["mixed_fraction"] == 0.0
 
 
@@ -191,17 +196,17 @@ def test_bc_summary_totals_the_bc_runs_a_checkpoint_continued(tmp_path: Path) ->
 def test_paired_difference_counts_tasks_only_one_arm_solved() -> None:
     a = {(0, 1): 1.0, (0, 2): 1.0, (0, 3): 0.0, (0, 4): 1.0, (1, 1): 1.0, (0, 9): 1.0}
     b = {(0, 1): 1.0, (0, 2): 0.0, (0, 3): 0.0, (0, 4): 0.0, (1, 1): 0.0, (0, 8): 1.0}
-    got = learning.paired_difference(a, b)
+    got = learning_stats.paired_difference(a, b)
     # 5 shared tasks: differences 0, 1, 0, 1, 1 (task 9 and task 8 are not shared)
     assert (got["tasks"], got["only_a"], got["only_b"]) == (5, 3, 0)
     assert got["difference"] == pytest.approx(0.6)
     assert got["se"] == pytest.approx(math.sqrt(0.3) / math.sqrt(5))  # sample variance 0.3
     assert got["sign_p"] == pytest.approx(2 / 8)  # 3 of 3 one way: 2 x (1/2)^3
-    even = learning.paired_difference({(0, 1): 1.0, (0, 2): 0.0}, {(0, 1): 0.0, (0, 2): 1.0})
+    even = learning_stats.paired_difference({(0, 1): 1.0, (0, 2): 0.0}, {(0, 1): 0.0, (0, 2): 1.0})
     assert (even["difference"], even["sign_p"]) == (0.0, 1.0)
-    same = learning.paired_difference({(0, 1): 1.0, (0, 2): 1.0}, {(0, 1): 1.0, (0, 2): 1.0})
+    same = learning_stats.paired_difference({(0, 1): 1.0, (0, 2): 1.0}, {(0, 1): 1.0, (0, 2): 1.0})
     assert (same["se"], same["sign_p"], same["only_a"]) == (0.0, 1.0, 0)
-    assert learning.paired_difference({}, {})["tasks"] == 0
+    assert learning_stats.paired_difference({}, {})["tasks"] == 0
 
 
 def _episode(reward: float, status: str = "exited", unjudged: bool = False) -> dict[str, object]:
@@ -220,7 +225,7 @@ def test_task_rates_leave_out_unjudged_and_infrastructure_errors(tmp_path: Path)
         {"task_id": 6, "episodes": [_episode(0.0, "error:browser")]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert learning.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0, 5: 1.0}
+    assert learning_stats.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0, 5: 1.0}
 
 
 def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
