@@ -121,8 +121,8 @@ def sku_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 # Sampling temperature of the daemon tests. An update needs a group with mixed rewards; the
 # 60-step BC model solves one SKU task almost always and the other never. At 1.0 on a Zen 2
-# CPU, 2 of 56 groups were mixed (3 updates took 194 s); at 1.15-1.3, 4-6 of 10-12 (76-82 s,
-# daemon start included); at 1.7, 3 of 170, and at 2.0 nothing was solved.
+# CPU, 2 of 56 groups were mixed (194 s to the second update); at 1.15-1.3, 3-4 of 10-12
+# (76-82 s to the third, daemon start included); at 1.7, 3 of 170; at 2.0 nothing was solved.
 TEMPERATURE = 1.2
 
 
