@@ -41,7 +41,7 @@ Every arm runs the same tasks of the same worlds, so pairs of arms (`PAIRS`) are
 compared task by task (`paired_difference`: the mean difference, its standard error, the
 tasks only one solved and the sign test), which separates two arms with far fewer tasks
 than their two independent errors would need. Episodes that ended in an infrastructure
-error (`error:*`) or were not judged are left out of a task's rate there.
+error (`error:*`, `interrupted`) or were not judged are left out of a task's rate there.
 
 Curves of (b) and (c) from each run's metrics.jsonl, per update: mean reward and fraction
 of groups with mixed rewards (groups finished since the previous update), the update's

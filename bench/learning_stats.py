@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from runtime.base.messages import EVALUATED_STATUSES
+
 __all__ = [
     "curves",
     "newest_adapter",
@@ -65,15 +67,16 @@ def paired_difference(
 
 
 def task_rates(results: Path) -> dict[int, float]:
-    """task_id -> success over the episodes of a `webagent eval` results.jsonl that were
-    judged and ended without an infrastructure error (`error:*`: a policy call that timed
-    out on a loaded server, a crashed browser), which says nothing of the policy. A task
-    with no such episode is left out, so a pair of arms is compared on the tasks both ran."""
+    """task_id -> success over the scored episodes of a `webagent eval` results.jsonl, by
+    `Trajectory.scored`'s rule: judged, and ended by the policy (`EVALUATED_STATUSES`), not by
+    the infrastructure (`error:*`: a policy call that timed out on a loaded server, a
+    crashed browser; `interrupted`), which says nothing of the policy. A task with no such
+    episode is left out, so a pair of arms is compared on the tasks both ran."""
     rates: dict[int, float] = {}
     for row in read_jsonl(results):
         scored = [
             e for e in row["episodes"]
-            if not e.get("unjudged") and not str(e["status"]).startswith("error:")
+            if e["status"] in EVALUATED_STATUSES and not e.get("unjudged")
         ]  # fmt: skip
         if scored:
             rates[int(row["task_id"])] = sum(e["reward"] > 0 for e in scored) / len(scored)

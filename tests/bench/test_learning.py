@@ -223,6 +223,7 @@ def test_task_rates_leave_out_unjudged_and_infrastructure_errors(tmp_path: Path)
         # A policy timeout is not a failure of the policy: left out, not counted as 0.
         {"task_id": 5, "episodes": [_episode(0.0, "error:policy"), _episode(1.0)]},
         {"task_id": 6, "episodes": [_episode(0.0, "error:browser")]},
+        {"task_id": 7, "episodes": [_episode(0.0, "interrupted")]},  # a stop's drain
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert learning_stats.task_rates(path) == {1: 0.5, 3: 0.5, 4: 0.0, 5: 1.0}
