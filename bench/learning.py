@@ -100,6 +100,7 @@ from runtime.base.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("bc", "bc+rl", "webrl", "control", "r1-zero")
+RL_ARMS = ("bc+rl", "webrl", "r1-zero")  # the arms a daemon trains (`--reuse` takes these)
 # The comparisons printed (first arm minus second), where both arms ran.
 PAIRS = (("bc+rl", "bc"), ("webrl", "bc"), ("webrl", "bc+rl"), ("bc+rl", "control"),
          ("control", "bc"))  # fmt: skip
@@ -342,7 +343,7 @@ def reused_run(run_dir: Path) -> dict[str, Any]:
     ]  # fmt: skip
     if not stops:
         raise SystemExit(f"--reuse: {run_dir.with_suffix('.log')} records no daemon.stopping")
-    stopped = datetime.fromisoformat(stops[0].replace("Z", "+00:00")).timestamp()
+    stopped = datetime.fromisoformat(stops[0]).timestamp()  # Python 3.11 reads the "Z"
     return {
         "run_dir": str(run_dir), "adapter": str(newest[1]), "version": newest[0],
         "stopped_by": "reused (an earlier run)", "startup_s": float("nan"),
@@ -518,8 +519,8 @@ def _parse_turns(text: str) -> list[int]:
 
 def _parse_reuse(text: str) -> tuple[str, Path]:
     arm, _, folder = text.partition("=")
-    if arm not in ("bc+rl", "webrl", "r1-zero") or not folder:
-        raise argparse.ArgumentTypeError(f"expected bc+rl|webrl|r1-zero=RUN_DIR, not {text!r}")
+    if arm not in RL_ARMS or not folder:
+        raise argparse.ArgumentTypeError(f"expected {'|'.join(RL_ARMS)}=RUN_DIR, not {text!r}")
     return arm, Path(folder)
 
 
