@@ -559,7 +559,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--rl-lr", type=float, default=defaults.learner.learning_rate)
     add("--rl-temperature", type=float, default=defaults.policy.temperature,
         help="sampling temperature of RL rollouts")  # fmt: skip
-    add("--curriculum", choices=("uniform", "signal"), default="uniform",
+    add("--curriculum", choices=("uniform", "short_first", "signal"), default="uniform",
         help="scheduler.curriculum of the RL arms")  # fmt: skip
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")

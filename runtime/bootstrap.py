@@ -30,13 +30,15 @@ import msgspec
 import structlog
 from anyio.abc import ByteReceiveStream
 
-from runtime.base.config import Config, EndpointConfig, dump_config
+from runtime.base.config import BCConfig, Config, EndpointConfig, dump_config
 from runtime.base.files import write_atomic
+from runtime.base.messages import TaskConfig
 from runtime.environment import Environment
 
 __all__ = [
     "BootstrapPaths",
     "BootstrapProgress",
+    "demo_tasks",
     "prepare_model",
     "served_model",
     "zero_adapter_of",
@@ -117,7 +119,7 @@ async def prepare_model(
     if not paths.demos.is_file():
         from runtime.task_runs import write_demos
 
-        tasks = environment.tasks("train")[: config.bc.demo_tasks or None]
+        tasks = demo_tasks(environment.tasks("train"), config.bc)
         log.info("bootstrap.demos", tasks=len(tasks), out=str(paths.demos))
         progress.enter("recording the oracle's demonstrations", f"0/{len(tasks)} tasks")
         paths.demos.parent.mkdir(parents=True, exist_ok=True)
@@ -147,6 +149,18 @@ async def prepare_model(
     summary = await behaviour_clone_process(config, paths, on_step=progress.bc_step)
     log.info("bootstrap.bc_done", **summary)
     return str(paths.bc)
+
+
+def demo_tasks(train: list[TaskConfig], bc: BCConfig) -> list[TaskConfig]:
+    """The train tasks the first run records demonstrations of: the first `bc.demo_tasks`
+    of the (shuffled) split whose plan is at most `bc.demo_max_steps` steps long."""
+    from sites.builtin import plan_length
+
+    def short_enough(task: TaskConfig) -> bool:
+        steps = plan_length(task)
+        return bc.demo_max_steps == 0 or steps is None or steps <= bc.demo_max_steps
+
+    return [task for task in train if short_enough(task)][: bc.demo_tasks or None]
 
 
 def served_model(config: Config) -> str:

@@ -8,6 +8,13 @@ were mixed, 6 all succeeded and 14 all failed).
 
 `"uniform"`: every task once per epoch, shuffled (seeded), as the scheduler always did.
 
+`"short_first"`: every task once per epoch, the shortest first: the shuffled order sorted
+(stably) by the length of the task's scripted solution (`length`; a task of unknown length
+comes last). A model fresh from a short BC solves short tasks sometimes and long ones
+almost never, and only a group with both rewards teaches M-GRPO anything, so the first
+updates come sooner when the first groups are short ones; the long tasks follow within
+the epoch.
+
 `"signal"`: tasks are drawn by template (`intent_template_id`, else the intent). Each
 template keeps the rewards of its last `window` evaluated episodes; its weight is its
 task count times the chance that the next group of G is mixed,
@@ -23,16 +30,18 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
 from runtime.base.messages import EVALUATED_STATUSES, TaskConfig
 from runtime.store import iter_outcomes
 
-__all__ = ["Curriculum", "CurriculumKind", "mixed_probability"]
+__all__ = ["Curriculum", "CurriculumKind", "TaskLength", "mixed_probability"]
 
-CurriculumKind = Literal["uniform", "signal"]
+CurriculumKind = Literal["uniform", "short_first", "signal"]
+# A task's difficulty for "short_first": its scripted solution's steps, None when unknown.
+TaskLength = Callable[[TaskConfig], int | None]
 
 # Jeffreys prior on a template's success rate.
 _PRIOR = 0.5
@@ -65,14 +74,18 @@ class Curriculum:
         seed: str,
         shuffle: bool = True,
         window: int = 16,
+        length: TaskLength | None = None,
     ) -> None:
         if not tasks:
             raise ValueError("no tasks to draw from")
+        if kind == "short_first" and length is None:
+            raise ValueError('curriculum "short_first" needs the tasks\' lengths')
         self.kind = kind
         self.group_size = group_size
         self.shuffle = shuffle
         self.epoch = -1
         self._seed = seed
+        self._length = length
         self._rng = random.Random(f"{seed}:draws")
         self._tasks = list(tasks)
         self._order: list[TaskConfig] = []
@@ -92,7 +105,7 @@ class Curriculum:
             return self._again.popleft()
         if self._fresh:
             return self._fresh.popleft()
-        if self.kind == "uniform":
+        if self.kind != "signal":
             return self._next_in_order()
         names = sorted(self._by_template)
         weights = [self.weight(name) for name in names]
@@ -150,8 +163,14 @@ class Curriculum:
             self._order = list(self._tasks)
             if self.shuffle:
                 random.Random(f"{self._seed}:{self.epoch}").shuffle(self._order)
+            if self.kind == "short_first":
+                self._order.sort(key=self._shortness)  # stable: shuffled within a length
             self._order.reverse()  # pop() from the end takes them in shuffled order
         return self._order.pop()
+
+    def _shortness(self, task: TaskConfig) -> tuple[bool, int]:
+        steps = self._length(task) if self._length is not None else None
+        return (steps is None, steps or 0)
 
     def _next_of(self, template: str) -> TaskConfig:
         queue = self._queues.get(template)

@@ -35,7 +35,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from runtime.base.messages import TaskConfig, TrajectoryGroup
-from runtime.curriculum import Curriculum, CurriculumKind
+from runtime.curriculum import Curriculum, CurriculumKind, TaskLength
 from runtime.rollout import WORKER_LOST, GroupRunner
 
 __all__ = ["Scheduler", "SchedulerStatistics"]
@@ -86,6 +86,7 @@ class Scheduler:
         num_groups: int | None = None,
         shuffle: bool = True,
         curriculum: CurriculumKind = "uniform",
+        length: TaskLength | None = None,
     ) -> None:
         if not tasks:
             raise ValueError(f"no tasks to schedule (split {split!r} is empty)")
@@ -97,6 +98,7 @@ class Scheduler:
             group_size=group_size,
             seed=f"{seed}:{split}",
             shuffle=shuffle,
+            length=length,
         )
         self.send = send
         self.group_size = group_size

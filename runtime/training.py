@@ -41,6 +41,7 @@ from runtime.rollout import GroupRunner, Rollout
 from runtime.scheduler import Scheduler
 from runtime.store import TrajectoryStore, read_groups, unseen_groups
 from runtime.supervisor import ServerSupervisor
+from sites.builtin import plan_length
 from sites.chat import ChatModel
 from sites.errors import GeneratorError
 from sites.generate import IntentGenerator
@@ -175,6 +176,7 @@ class Training:
                 split=config.scheduler.split,
                 seed=config.scheduler.seed + max(self.learner.version, 0),
                 curriculum=config.scheduler.curriculum,
+                length=plan_length,
             )
             if config.scheduler.curriculum == "signal":
                 await anyio.to_thread.run_sync(

@@ -295,9 +295,14 @@ class SchedulerConfig(Section, frozen=True):
     # 5 of 40 test tasks against 0 of 19 (bench.recipe --keep-thoughts / --no-keep-thoughts).
     keep_thoughts: bool = True
     # Which training task comes next (`runtime.curriculum`): "uniform" (each task once per
-    # epoch, shuffled) or "signal" (by template, toward those whose groups of
-    # `group_size` are likely to have mixed rewards, the only ones M-GRPO learns from).
-    curriculum: Literal["uniform", "signal"] = "uniform"
+    # epoch, shuffled), "short_first" (the same, the tasks with the shortest scripted
+    # solution first; tasks without one, as WebArena's, keep the shuffled order) or
+    # "signal" (by template, toward those whose groups of `group_size` are likely to have
+    # mixed rewards, the only ones M-GRPO learns from). "short_first" because the first
+    # run's model, 15 minutes of BC, solves short tasks and almost no long ones, and only
+    # mixed groups make an update (bc.demo_max_steps has the figures); bench.learning's
+    # RL arms run "uniform" (--curriculum).
+    curriculum: Literal["uniform", "short_first", "signal"] = "short_first"
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
     seed: int = 0

@@ -7,13 +7,14 @@
     serve_builtin_sites    async context manager serving the five sites on 127.0.0.1
     generate_suite(seed)   {"train", "test", "ood"} lists of TaskConfig, deterministic
     plan_for(task)         the scripted solution (OracleSteps) of a task from the suite
+    plan_length(task)      its number of steps, or None for a task not from the suite
 
 Sites: shop (SHOPPING), admin (SHOPPING_ADMIN), forum (REDDIT), code (GITLAB), map (MAP),
 one port each. Default accounts (`data.ACCOUNTS`) are WebArena's account names.
 """
 
 from sites.builtin.server import ADMIN_HEADER, SITE_NAMES, BuiltinSites, serve_builtin_sites
-from sites.builtin.suite import generate_suite, plan_for
+from sites.builtin.suite import generate_suite, plan_for, plan_length
 from sites.builtin.web import TENANT_COOKIE
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "BuiltinSites",
     "generate_suite",
     "plan_for",
+    "plan_length",
     "serve_builtin_sites",
 ]

@@ -165,6 +165,15 @@ def task_from(
     return _task(template, built, params, task_id, seed), built.plan
 
 
+def plan_length(task: TaskConfig) -> int | None:
+    """The number of steps of `task`'s scripted solution (its exit included), or None for
+    a task the suite did not make (a WebArena task, an edited intent)."""
+    try:
+        return len(plan_for(task))
+    except NotInSuiteError:
+        return None
+
+
 def plan_for(task: TaskConfig) -> list[OracleStep]:
     """The scripted solution of a task from the built-in suite.
 

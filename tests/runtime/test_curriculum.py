@@ -51,6 +51,40 @@ def test_uniform_takes_every_task_once_per_epoch_in_a_seeded_order() -> None:
     assert [in_order.next().task_id for _ in range(12)] == list(range(12))
 
 
+def test_short_first_takes_every_task_once_per_epoch_shortest_first() -> None:
+    tasks = [_task(i, i % 3) for i in range(30)]
+    lengths = {i: (None if i % 10 == 9 else 1 + i % 4) for i in range(30)}
+    curriculum = Curriculum(
+        tasks, kind="short_first", group_size=4, seed="0:train",
+        length=lambda task: lengths[task.task_id],
+    )  # fmt: skip
+    for _ in range(2):
+        epoch = [curriculum.next().task_id for _ in range(30)]
+        assert sorted(epoch) == list(range(30))
+        known = [lengths[i] for i in epoch if lengths[i] is not None]
+        assert known == sorted(known)  # shortest first
+        assert all(lengths[i] is None for i in epoch[len(known) :])  # unknown length last
+        ones = [i for i in epoch if lengths[i] == 1]
+        assert ones != sorted(ones)  # shuffled within a length
+    assert curriculum.epoch == 1
+    with pytest.raises(ValueError, match="short_first"):
+        Curriculum(tasks, kind="short_first", group_size=4, seed="0:train")
+
+
+def test_short_first_on_the_builtin_suite_starts_with_one_step_tasks() -> None:
+    from sites.builtin import generate_suite, plan_for, plan_length
+
+    train = generate_suite(0)["train"]
+    curriculum = Curriculum(
+        train, kind="short_first", group_size=4, seed="0:train", length=plan_length
+    )
+    first = [curriculum.next() for _ in range(len(train))]
+    steps = [len(plan_for(task)) for task in first]
+    assert steps[0] == 1 and steps == sorted(steps) and steps[-1] > 3
+    webarena = TaskConfig(task_id=7, intent="Find the cheapest lamp", start_url="__SHOPPING__")
+    assert plan_length(webarena) is None
+
+
 def test_signal_draws_toward_templates_whose_groups_are_mixed() -> None:
     # Template 0 always fails, 1 always succeeds, 2 is mixed; 10 tasks each.
     tasks = [_task(10 * t + i, t) for t in range(3) for i in range(10)]
