@@ -13,7 +13,9 @@ were mixed, 6 all succeeded and 14 all failed).
 comes last). A model fresh from a short BC solves short tasks sometimes and long ones
 almost never, and only a group with both rewards teaches M-GRPO anything, so the first
 updates come sooner when the first groups are short ones; the long tasks follow within
-the epoch.
+the epoch. Under both, a resumed run takes the tasks its store says were drawn off the
+epoch it stopped in (`observe_store`), so a daemon restarted often still reaches the long
+tasks.
 
 `"signal"`: tasks are drawn by template (`intent_template_id`, else the intent). Each
 template keeps the rewards of its last `window` evaluated episodes; its weight is its
@@ -138,14 +140,40 @@ class Curriculum:
                 rewards.append(1.0 if reward > 0.5 else 0.0)
 
     def observe_store(self, path: str | Path, split: str) -> int:
-        """Observe the groups of `split` in a trajectory store (a resumed run draws on
-        what it saw; only the rewards are decoded). Returns how many were observed."""
-        seen = 0
+        """Observe the groups of `split` in a trajectory store, so a resumed run goes on
+        from what it saw (only the rewards are decoded): "signal" weighs their rewards,
+        and the ordered kinds take the tasks already drawn off their epoch
+        (`skip_drawn`). Returns how many groups were observed."""
+        drawn: list[int] = []
         for group in iter_outcomes(path):
             if group.split == split:
                 self.observe(group.task_id, [(t.reward, t.status) for t in group.trajectories])
-                seen += 1
-        return seen
+                drawn.append(group.task_id)
+        self.skip_drawn(drawn)
+        return len(drawn)
+
+    def skip_drawn(self, task_ids: Iterable[int]) -> None:
+        """Take tasks drawn before (oldest first) off the order, epoch by epoch: the run
+        goes on with the rest of the epoch it stopped in, not with a new one; under
+        "short_first" a restarted daemon would otherwise never get past the short tasks.
+        A task seen again within an epoch (a lost group run again, an epoch's last
+        groups finishing after the next began) or not in the pool is passed over.
+        Nothing to do under "signal", whose draws are weighted, not ordered."""
+        if self.kind == "signal":
+            return
+        if not self._order:
+            self._new_epoch()
+        pool = {task.task_id for task in self._order}
+        done: set[int] = set()
+        for task_id in task_ids:
+            if task_id not in pool or task_id in done:
+                continue
+            done.add(task_id)
+            if len(done) == len(pool):  # that epoch was drawn whole
+                self._new_epoch()
+                pool = {task.task_id for task in self._order}
+                done = set()
+        self._order = [task for task in self._order if task.task_id not in done]
 
     def weight(self, template: str) -> float:
         rewards = self._rewards.get(template, ())
@@ -159,14 +187,17 @@ class Curriculum:
 
     def _next_in_order(self) -> TaskConfig:
         if not self._order:
-            self.epoch += 1
-            self._order = list(self._tasks)
-            if self.shuffle:
-                random.Random(f"{self._seed}:{self.epoch}").shuffle(self._order)
-            if self.kind == "short_first":
-                self._order.sort(key=self._shortness)  # stable: shuffled within a length
-            self._order.reverse()  # pop() from the end takes them in shuffled order
+            self._new_epoch()
         return self._order.pop()
+
+    def _new_epoch(self) -> None:
+        self.epoch += 1
+        self._order = list(self._tasks)
+        if self.shuffle:
+            random.Random(f"{self._seed}:{self.epoch}").shuffle(self._order)
+        if self.kind == "short_first":
+            self._order.sort(key=self._shortness)  # stable: shuffled within a length
+        self._order.reverse()  # pop() from the end takes them in shuffled order
 
     def _shortness(self, task: TaskConfig) -> tuple[bool, int]:
         steps = self._length(task) if self._length is not None else None

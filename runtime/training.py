@@ -178,10 +178,10 @@ class Training:
                 curriculum=config.scheduler.curriculum,
                 length=plan_length,
             )
-            if config.scheduler.curriculum == "signal":
-                await anyio.to_thread.run_sync(
-                    scheduler.curriculum.observe_store, self.store_path, config.scheduler.split
-                )
+            # A resumed run goes on from its store: the rewards seen, the tasks drawn.
+            await anyio.to_thread.run_sync(
+                scheduler.curriculum.observe_store, self.store_path, config.scheduler.split
+            )
             if config.learner.max_staleness == 0 and self.learner.statistics().updating:
                 scheduler.hold_for_update(True)  # released when that update is published
             if not self._supervisor.is_up:

@@ -150,6 +150,49 @@ def test_a_resumed_run_draws_on_the_groups_in_its_store(tmp_path: Path) -> None:
     assert curriculum.observe_store(tmp_path / "none", "train") == 0
 
 
+def _store_groups(path: Path, task_ids: list[int], split: str = "train") -> None:
+    with TrajectoryStore(path / "trajectories.jsonl") as store:
+        for n, task_id in enumerate(task_ids):
+            episodes = [
+                Trajectory(episode_id=f"{n}-{i}", group_id=str(n), task_id=task_id, intent="",
+                           reward=0.0, status="exited")
+                for i in range(4)
+            ]  # fmt: skip
+            store.append(TrajectoryGroup(group_id=str(n), task_id=task_id, trajectories=episodes,
+                                         created_at=0, split=split))  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["uniform", "short_first"])
+def test_a_resumed_run_goes_on_with_the_rest_of_its_epoch(
+    tmp_path: Path, kind: CurriculumKind
+) -> None:
+    tasks = [_task(i, i % 3) for i in range(12)]
+    lengths = {i: 1 + i % 4 for i in range(12)}
+
+    def curriculum(seed: str) -> Curriculum:
+        return Curriculum(tasks, kind=kind, group_size=4, seed=seed,
+                          length=lambda task: lengths[task.task_id])  # fmt: skip
+
+    first = curriculum("0:train")
+    drawn = [first.next().task_id for _ in range(12 + 5)]  # an epoch and 5 of the next
+    # The store: one task run twice (a lost group), a test group, a task from elsewhere.
+    _store_groups(tmp_path, [*drawn[:3], drawn[1], *drawn[3:], 99])
+    _store_groups(tmp_path, [drawn[-1]], split="test")
+    resumed = curriculum("1:train")  # the daemon shifts the seed by the learner's version
+    assert resumed.observe_store(tmp_path, "train") == 12 + 5 + 2
+    rest = [resumed.next().task_id for _ in range(7)]
+    assert sorted(rest) == sorted(set(range(12)) - set(drawn[12:]))
+    assert resumed.epoch == 1
+    if kind == "short_first":
+        assert [lengths[i] for i in rest] == sorted(lengths[i] for i in rest)
+    after = [resumed.next().task_id for _ in range(12)]  # then whole epochs again
+    assert sorted(after) == list(range(12)) and resumed.epoch == 2
+    # A fresh store resumes nothing; "signal" draws by weight and keeps no order.
+    fresh = curriculum("0:train")
+    assert fresh.observe_store(tmp_path / "none", "train") == 0
+    assert [fresh.next().task_id for _ in range(12)] == drawn[:12]
+
+
 @pytest.mark.parametrize("kind", ["uniform", "signal"])
 def test_a_task_lost_to_the_infrastructure_is_drawn_next(kind: CurriculumKind) -> None:
     tasks = [_task(i, template=i % 3) for i in range(9)]
