@@ -383,6 +383,8 @@ class VLLMPolicy:
         self.sampling = sampling
         self.max_model_len = max_model_len
         self.timeout_s = timeout_s
+        # The resident adapter every turn uses (`pinned`); None: the current version.
+        self.adapter: str | None = None
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self._completed = 0
         self._failed = 0
@@ -396,9 +398,17 @@ class VLLMPolicy:
         other._completed = other._failed = 0
         return other
 
+    def pinned(self, adapter: str) -> VLLMPolicy:
+        """This policy with every turn on the resident adapter `adapter` (a request that
+        names its own still wins), for evaluating one version while newer ones are
+        published; the caller keeps it resident (a lease held for the evaluation)."""
+        other = copy.copy(self)
+        other.adapter = adapter
+        return other
+
     async def act(self, request: PolicyRequest) -> PolicyReply:
         """One turn: render `request.messages`, sample with the current adapter (or the
-        resident one `request.adapter` names).
+        resident one `request.adapter`, else `self.adapter`, names).
 
         A 404 from the server (it restarted and lost the adapters) makes the adapter
         manager load them again, and the turn is retried once.
@@ -410,16 +420,17 @@ class VLLMPolicy:
         sampling = msgspec.structs.replace(
             self.sampling, max_tokens=min(self.sampling.max_tokens, room)
         )
+        adapter = request.adapter or self.adapter
         started = time.monotonic()
         try:
             async with self._limiter:
                 try:
-                    lease, completion = await self._complete(prompt, sampling, request.adapter)
+                    lease, completion = await self._complete(prompt, sampling, adapter)
                 except BadRequestError as exc:
                     if exc.status != 404 or not await self.adapters.restore():
                         raise
                     # The server lost our adapters (it restarted): they are back, retry.
-                    lease, completion = await self._complete(prompt, sampling, request.adapter)
+                    lease, completion = await self._complete(prompt, sampling, adapter)
             if completion.prompt_token_ids != prompt:
                 raise BadResponseError(
                     "/v1/completions: the server's prompt ids differ from the ids sent"

@@ -349,40 +349,66 @@ class PeriodicEvaluations:
         policy = stack.policy.with_sampling(sampling)
         async with self._requests:
             async for updates in self._requests:
-                current = stack.adapters.current
-                version = current.version if current is not None else 0
-                for split in ("test", "ood"):
-                    try:
-                        tasks = _eval_tasks(
-                            environment, split, config.daemon.eval_episodes, config.scheduler.seed
-                        )
-                    except KeyError:
-                        continue
-                    report = await run_evaluation(
-                        config,
-                        environment,
-                        policy,
-                        tasks,
-                        out_dir=self.run_dir / "eval" / f"u{updates:05d}-{split}",
-                        concurrency=concurrency,
-                        title=f"{split} after {updates} updates (v{version})",
-                        pool=pool,
-                        count_tokens=stack.renderer.count_tokens,
-                    )
-                    self._record(
-                        EvalFinished(
-                            at=time.time(),
-                            split=split,
+                with contextlib.ExitStack() as held:
+                    # The version published now, leased (kept resident) and pinned for the
+                    # whole evaluation, which outlasts several updates on a CPU: without the
+                    # pin, later turns would go to the versions published meanwhile.
+                    pinned, version = policy, 0
+                    if stack.adapters.current is not None:
+                        lease = held.enter_context(stack.adapters.lease())
+                        pinned, version = policy.pinned(lease.name), lease.version
+                    for split in ("test", "ood"):
+                        await self._evaluate(
+                            split,
+                            updates=updates,
                             version=version,
-                            episodes=report.episodes,
-                            success=report.success_rate,
-                            by_site={
-                                title: cell.rate
-                                for title, cell in report.table.items()
-                                if cell.judged
-                            },
+                            environment=environment,
+                            pool=pool,
+                            stack=stack,
+                            policy=pinned,
+                            concurrency=concurrency,
                         )
-                    )
+
+    async def _evaluate(
+        self,
+        split: str,
+        *,
+        updates: int,
+        version: int,
+        environment: Environment,
+        pool: BrowserPool,
+        stack: PolicyStack,
+        policy: Policy,
+        concurrency: int,
+    ) -> None:
+        config = self.config
+        try:
+            tasks = _eval_tasks(
+                environment, split, config.daemon.eval_episodes, config.scheduler.seed
+            )
+        except KeyError:
+            return
+        report = await run_evaluation(
+            config,
+            environment,
+            policy,
+            tasks,
+            out_dir=self.run_dir / "eval" / f"u{updates:05d}-{split}",
+            concurrency=concurrency,
+            title=f"{split} after {updates} updates (v{version})",
+            pool=pool,
+            count_tokens=stack.renderer.count_tokens,
+        )
+        self._record(
+            EvalFinished(
+                at=time.time(),
+                split=split,
+                version=version,
+                episodes=report.episodes,
+                success=report.success_rate,
+                by_site={title: cell.rate for title, cell in report.table.items() if cell.judged},
+            )
+        )
 
 
 def _eval_tasks(environment: Environment, split: str, episodes: int, seed: int) -> list[TaskConfig]:

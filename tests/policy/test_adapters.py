@@ -293,6 +293,33 @@ async def test_with_sampling_changes_only_the_sampling(tmp_path: Path, tiny_mode
 
 
 @pytest.mark.anyio
+async def test_a_pinned_policy_stays_on_its_leased_version(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The daemon's evaluation: one version for all its turns while newer ones publish."""
+    api = _FakeAdapterApi()
+    async with _manager(api, window=0) as manager:
+        await manager.publish(_adapter(tmp_path, 0))
+        policy = VLLMPolicy(manager._server, PromptRenderer.from_model(tiny_model), manager)  # type: ignore[arg-type]
+        task = TaskConfig(task_id=1, intent="t", start_url="http://x/")
+        request = PolicyRequest(
+            episode_id="e", turn=0, task=task, messages=[ChatMessage(role="user", content="hi")]
+        )
+        with manager.lease() as held:
+            pinned = policy.pinned(held.name)
+            await manager.publish(_adapter(tmp_path, 1))
+            await manager.publish(_adapter(tmp_path, 2))
+            assert (await pinned.act(request)).adapter == "policy@v0"  # kept by the lease
+            assert (await policy.act(request)).adapter == "policy@v2"
+            named = msgspec.structs.replace(request, adapter="policy@v2")
+            assert (await pinned.act(named)).adapter == "policy@v2"  # the request's own wins
+        with anyio.fail_after(5):
+            await manager.wait_unloaded()
+        with pytest.raises(AdapterError, match="policy@v0"):
+            await pinned.act(request)  # released: gone, and said so
+
+
+@pytest.mark.anyio
 async def test_hot_reload_publishes_each_new_folder_and_refuses_a_bad_one(
     tmp_path: Path,
 ) -> None:
