@@ -130,17 +130,26 @@ def test_signal_forgets_old_groups_and_ignores_infrastructure_failures() -> None
     assert curriculum.weight("t:0") > failing * 2
 
 
-def test_a_resumed_run_draws_on_the_groups_in_its_store(tmp_path: Path) -> None:
-    tasks = [_task(0, 0), _task(1, 1)]
-    with TrajectoryStore(tmp_path / "trajectories.jsonl") as store:
-        for split in ("train", "train", "test"):
+def _store_groups(path: Path, task_ids: list[int], split: str = "train") -> None:
+    """One group of 4 failed episodes a task id, in order, in the run's store."""
+    with TrajectoryStore(path / "trajectories.jsonl") as store:
+        for n, task_id in enumerate(task_ids):
+            group_id = f"{split}{n}"
             episodes = [
-                Trajectory(episode_id=f"{split}{i}", group_id=split, task_id=0, intent="",
-                           reward=0.0, status="exited")
+                Trajectory(episode_id=f"{group_id}-{i}", group_id=group_id, task_id=task_id,
+                           intent="", reward=0.0, status="exited")
                 for i in range(4)
             ]  # fmt: skip
-            store.append(TrajectoryGroup(group_id=split, task_id=0, trajectories=episodes,
-                                         created_at=0, split=split))  # fmt: skip
+            group = TrajectoryGroup(
+                group_id=group_id, task_id=task_id, trajectories=episodes, created_at=0, split=split
+            )
+            store.append(group)
+
+
+def test_a_resumed_run_draws_on_the_groups_in_its_store(tmp_path: Path) -> None:
+    tasks = [_task(0, 0), _task(1, 1)]
+    _store_groups(tmp_path, [0, 0])
+    _store_groups(tmp_path, [0], split="test")
     curriculum = Curriculum(tasks, kind="signal", group_size=4, seed="0")
     fresh = curriculum.weight("t:0")
     assert curriculum.observe_store(tmp_path, "train") == 2
@@ -148,18 +157,6 @@ def test_a_resumed_run_draws_on_the_groups_in_its_store(tmp_path: Path) -> None:
     assert curriculum.weight("t:0") == pytest.approx(mixed_probability(0, 8, 4))
     assert curriculum.weight("t:0") < fresh
     assert curriculum.observe_store(tmp_path / "none", "train") == 0
-
-
-def _store_groups(path: Path, task_ids: list[int], split: str = "train") -> None:
-    with TrajectoryStore(path / "trajectories.jsonl") as store:
-        for n, task_id in enumerate(task_ids):
-            episodes = [
-                Trajectory(episode_id=f"{n}-{i}", group_id=str(n), task_id=task_id, intent="",
-                           reward=0.0, status="exited")
-                for i in range(4)
-            ]  # fmt: skip
-            store.append(TrajectoryGroup(group_id=str(n), task_id=task_id, trajectories=episodes,
-                                         created_at=0, split=split))  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["uniform", "short_first"])
@@ -187,7 +184,7 @@ def test_a_resumed_run_goes_on_with_the_rest_of_its_epoch(
         assert [lengths[i] for i in rest] == sorted(lengths[i] for i in rest)
     after = [resumed.next().task_id for _ in range(12)]  # then whole epochs again
     assert sorted(after) == list(range(12)) and resumed.epoch == 2
-    # A fresh store resumes nothing; "signal" draws by weight and keeps no order.
+    # An empty store resumes nothing: the seeded order as before.
     fresh = curriculum("0:train")
     assert fresh.observe_store(tmp_path / "none", "train") == 0
     assert [fresh.next().task_id for _ in range(12)] == drawn[:12]
