@@ -212,9 +212,10 @@ class BCConfig(Section, frozen=True):
     # with an empty exit message, the commands) 83 steps, held-out actions right 77%, and
     # the model ended most answers with `exit(message="")`: 1 of 44 training episodes
     # solved in 8 minutes of rollouts, no update. On 500 tasks of at most 3 steps (1,231
-    # turns, 1.5 minutes to record) 103-112 steps, 92-96% right; in three runs 5 of 76, 9 of
-    # 44 and 28 of 76 episodes solved, the first update 2.3-6.6 minutes after rollouts
-    # began (21.7 and 26.2 minutes after a clean clone's `make run` began; docs/model.md).
+    # turns, 1.5 minutes to record) 103-112 steps, 92-96% right; in four runs 5 of 76, 9 of
+    # 44, 19 of 48 and 28 of 76 episodes solved, the first update 1.8-6.6 minutes after
+    # rollouts began (20.9, 21.7 and 26.2 minutes after a clean clone's `make run` began;
+    # docs/model.md).
     demo_max_steps: NonNegative = 3
     # Stop early once held-out episode success reaches this (0 disables).
     target_success: Fraction = 0.0
