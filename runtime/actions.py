@@ -37,6 +37,7 @@ __all__ = [
     "format_action",
     "parse_action",
     "parse_completion",
+    "shorten",
     "thought_of",
 ]
 
@@ -145,7 +146,7 @@ def parse_action(source: str) -> Action:
     try:
         tree = ast.parse(source, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise ParseError(f"the answer is not a valid call: {_short(source)}; {_USAGE}") from exc
+        raise ParseError(f"the answer is not a valid call: {shorten(source)}; {_USAGE}") from exc
     call = tree.body
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
         raise ParseError(
@@ -170,7 +171,7 @@ def parse_action(source: str) -> Action:
                 raise ParseError(f"{func}() takes no arguments")
             return Action(kind=func)
         case _:
-            raise ParseError(f"unknown function {_short(func)}(); {_USAGE}")
+            raise ParseError(f"unknown function {shorten(func)}(); {_USAGE}")
 
 
 def _parse_do(args: list[_Value], kwargs: dict[str, _Value]) -> Action:
@@ -185,7 +186,7 @@ def _parse_do(args: list[_Value], kwargs: dict[str, _Value]) -> Action:
     name = _BY_LOWER.get(" ".join(raw_name.split()).lower())
     if name is None:
         known = ", ".join(ACTION_NAMES)
-        raise ParseError(f"unknown action {_short(raw_name)!r}; the actions are {known}")
+        raise ParseError(f"unknown action {shorten(raw_name)!r}; the actions are {known}")
     needs_element, needs_argument = _NEEDS[name]
     element = _element(kwargs.get("element"), name) if needs_element else None
     argument: str | None = None
@@ -259,7 +260,7 @@ def _element(raw: object, name: str) -> int:
     elif isinstance(raw, str) and raw.strip().isdecimal() and raw.strip().isascii():
         value = int(raw.strip())
     else:
-        raise ParseError(f'element must be an element id like "25", not {_short(str(raw))!r}')
+        raise ParseError(f'element must be an element id like "25", not {shorten(str(raw))!r}')
     if value < 0 or value >= 10**9:
         raise ParseError(f"element {value} is not a valid element id")
     return value
@@ -268,11 +269,12 @@ def _element(raw: object, name: str) -> int:
 def _index(argument: str) -> int:
     text = argument.strip()
     if not (text.isdecimal() and text.isascii()) or len(text) > 6:
-        raise ParseError(f'Switch Tab needs a tab index like argument="1", not {_short(text)!r}')
+        raise ParseError(f'Switch Tab needs a tab index like argument="1", not {shorten(text)!r}')
     return int(text)
 
 
-def _short(text: str, limit: int = 60) -> str:
+def shorten(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters with "…"."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 

@@ -13,9 +13,8 @@
   current tab; `Switch Tab` picks one by index;
 - dismisses dialogs (accepting only `beforeunload`, so navigation goes on) and refuses
   downloads, reporting both in the next observation;
-- executes every action of the DSL for real, on elements named by the ids of the last
-  observation; an id whose element is gone or changed since is an `ElementNotFound`,
-  never an action on another element.
+- executes every action of the DSL for real (`runtime.acting`), bounded in time, on
+  elements named by the ids of the last observation.
 
 Every Playwright call runs under `playwright_errors`, so only the runtime's errors leave.
 """
@@ -24,26 +23,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
-from urllib.parse import urljoin, urlsplit
 
 import anyio
 import structlog
 from playwright.async_api import BrowserContext, Dialog, Download, Page, Request, Route
 from playwright.async_api import Error as PlaywrightError
 
-from runtime.actions import format_action
+from runtime.acting import perform
+from runtime.actions import format_action, shorten
 from runtime.base.config import BrowserConfig, ObservationConfig
 from runtime.base.messages import Action
 from runtime.errors import (
     ActionError,
     BrowserError,
-    ElementNotFound,
     NavigationBlocked,
     playwright_errors,
 )
 from runtime.fence import Allowlist
 from runtime.observation import (
-    ID_ATTRIBUTE,
     Observation,
     TokenCounter,
     estimate_tokens,
@@ -56,44 +53,6 @@ __all__ = ["Allowlist", "BrowserSession", "call_until_gone"]
 T = TypeVar("T")
 
 log = structlog.get_logger("runtime.session")
-
-# Finds the element marked `id` by the last observation and returns its fingerprint,
-# computed exactly as observe.js does; null when it is gone, "hidden" when not shown now.
-_CHECK: Final = """(a) => {
-  const el = (window.__webagentMarks || [])[a.id - 1];
-  if (!el || !el.isConnected || el.getAttribute(a.attr) !== String(a.id)) return null;
-  // Hidden since it was shown (observe.js's own test): refused like a removed element.
-  const shown = window.__webagentShown;
-  if (typeof shown === "function" && !shown(el)) return "hidden";
-  const collapse = (s) => s.replace(/\\s+/g, " ");
-  const fp = el.tagName.toLowerCase() + "|" + collapse(el.textContent || "").trim().slice(0, 100) +
-    "|" + (el.getAttribute("name") || "") + "|" + (el.getAttribute("type") || "");
-  // Does a click open a new tab (a link or a form with a target other than this tab)?
-  const other = (t) => !!t && !["_self", "_top", "_parent"].includes(t.toLowerCase());
-  const link = el.closest("a[href], area[href]");
-  const form = el.form || el.closest("form");
-  const type = (el.type || "").toLowerCase();
-  const submits = el.tagName === "BUTTON" || type === "submit" || type === "image";
-  const target = form === null ? "" : el.getAttribute("formtarget") || form.getAttribute("target");
-  const tab = (link !== null && other(link.getAttribute("target"))) || (submits && other(target));
-  const r = el.getBoundingClientRect();
-  return [fp, tab, !(r.width > 0 && r.height > 0), el.disabled === true];
-}"""
-
-# Scrolls the window to `y`, and each scroll container on screen by `step` (a sidebar that
-# scrolls on its own moves along with the page).
-_SCROLL: Final = """({y, step}) => {
-  window.scrollTo({top: y, left: 0, behavior: 'instant'});
-  for (const el of document.body ? document.body.querySelectorAll("*") : []) {
-    if (el.scrollHeight <= el.clientHeight + 1 || el.tagName === "TEXTAREA") continue;
-    const r = el.getBoundingClientRect();
-    if (r.bottom <= 0 || r.top >= window.innerHeight || r.width === 0) continue;
-    const o = getComputedStyle(el).overflowY;
-    if (o !== "auto" && o !== "scroll") continue;
-    el.scrollBy({top: step * el.clientHeight, behavior: "instant"});
-  }
-}"""
-
 
 # How long an aborted navigation may take to show up as a (refused) download.
 _DOWNLOAD_GRACE_S: Final = 1.0
@@ -163,7 +122,6 @@ class BrowserSession:
         self._new_page = anyio.Event()
         # Set when the context closes; it does when Chromium dies.
         self._gone = anyio.Event()
-        self._navigation_ms = 0.0
         # Main-frame navigation requests in flight, and an event set when one ends.
         self._navigations: set[Request] = set()
         self._navigation_ended = anyio.Event()
@@ -201,7 +159,7 @@ class BrowserSession:
             finally:
                 self._opening = False
             self._adopt(page)
-            await self._navigate(page, url, action=True)
+            await self.navigate(page, url, action=True)
         self.active = self.pages[0]
         with playwright_errors("bring the first tab to front"):
             await self.active.bring_to_front()
@@ -283,8 +241,8 @@ class BrowserSession:
                 return
             if request.is_navigation_request() and request.frame.parent_frame is None:
                 self.blocked.append(
-                    f"navigation to {_short(url)} was blocked: only {self.allowlist.describe()} "
-                    "may be visited"
+                    f"navigation to {shorten(url, 100)} was blocked: only "
+                    f"{self.allowlist.describe()} may be visited"
                 )
                 self._blocked_pages.append(request.frame.page)
             await route.abort("blockedbyclient")
@@ -302,7 +260,7 @@ class BrowserSession:
         parts = []
         for index, page in enumerate(self.pages):
             mark = " (current)" if page is self.active else ""
-            parts.append(f"[{index}] {_short(page.url, 60)}{mark}")
+            parts.append(f"[{index}] {shorten(page.url, 60)}{mark}")
         return "Tabs: " + " | ".join(parts)
 
     # ------------------------------------------------------------------ observing
@@ -344,170 +302,29 @@ class BrowserSession:
         """
         self._check_alive()
         limit = timeout_s or self.config.action_timeout_s
-        self._navigation_ms = 0.0 if timeout_s else self._nav_ms()
+        navigation_ms = 0.0 if timeout_s else self.navigation_timeout_ms
         # The outer scope also bounds calls that have no Playwright timeout of their own.
-        bound = limit + 2 * self._navigation_ms / 1000 + self.config.observation_timeout_s
+        bound = limit + 2 * navigation_ms / 1000 + self.config.observation_timeout_s
         with anyio.move_on_after(bound) as scope:
-            await self._execute(action, limit * 1000)
+            await perform(self, action, ms=limit * 1000, navigation_ms=navigation_ms)
         if scope.cancelled_caught:
             raise ActionError(f"{format_action(action)} did not finish within {bound:g} s")
         await self._police_tabs()
 
-    async def _execute(self, action: Action, ms: float) -> None:
-        match action.kind:
-            case "go_backward" | "go_forward":
-                page = self.page
-                before = page.url
-                with playwright_errors(action.kind.replace("_", " "), action=True):
-                    if action.kind == "go_backward":
-                        response = await page.go_back(timeout=self._nav_ms())
-                    else:
-                        response = await page.go_forward(timeout=self._nav_ms())
-                if response is None and page.url == before:
-                    where = "earlier" if action.kind == "go_backward" else "later"
-                    raise ActionError(f"there is no {where} page in this tab's history")
-            case "exit":
-                return
-            case "do":
-                await self._do(action, ms)
-            case _:
-                raise ActionError(f"unknown action kind {action.kind}")
-
-    async def _do(self, action: Action, ms: float) -> None:
-        name = action.name
-        if name in ("Scroll Up", "Scroll Down"):
-            await self._scroll(down=name == "Scroll Down")
-        elif name == "Press Enter":
-            page = self.page
-            with playwright_errors("Press Enter", action=True):
-                # Through the focused element, Playwright waits for the navigation a
-                # form submission starts; page.keyboard would not.
-                focused = page.locator("*:focus")
-                if await focused.count():
-                    await focused.last.press("Enter", timeout=ms + self._navigation_ms)
-                else:
-                    await page.keyboard.press("Enter")
-        elif name == "Wait":
-            await anyio.sleep(self.config.wait_action_s)
-        elif name == "Switch Tab":
-            index = int(action.argument or "0")
-            if not 0 <= index < len(self.pages):
-                raise ActionError(
-                    f"there is no tab {index}; open tabs are 0 to {len(self.pages) - 1}"
-                )
-            self.active = self.pages[index]
-            with playwright_errors("Switch Tab", action=True):
-                await self.active.bring_to_front()
-        elif name == "Goto":
-            await self._goto(action.argument or "")
-        else:
-            await self._on_element(action, ms)
-
-    async def _on_element(self, action: Action, ms: float) -> None:
-        name = action.name
-        element_id = action.element
-        if element_id is None:
-            raise ActionError(f"{name} needs an element id")
-        observed = self.observation.elements.get(element_id) if self.observation else None
-        if observed is None:
-            raise ElementNotFound(f"there is no element {element_id} in the current page view")
-        page = self.page
-        with anyio.move_on_after(self.config.observation_timeout_s) as scope:
-            # A page that navigates meanwhile is an error for the model, not a dead browser.
-            with playwright_errors(f"{name} on element {element_id}", action=True):
-                current = await page.evaluate(_CHECK, {"id": element_id, "attr": ID_ATTRIBUTE})
-        if scope.cancelled_caught:
-            raise ActionError(f"the page did not answer while looking up element {element_id}")
-        if current is None:
-            raise ElementNotFound(f"element {element_id} is not on the page any more")
-        if current == "hidden":
-            raise ElementNotFound(f"element {element_id} is hidden now; look at the page again")
-        fingerprint, opens_tab, boxless, disabled = current
-        if observed.fingerprint and fingerprint != observed.fingerprint:
-            raise ElementNotFound(
-                f"element {element_id} changed since the page was shown; look at the page again"
-            )
-        if disabled and name in ("Click", "Type", "Search", "Select Dropdown Option"):
-            raise ActionError(f"element {element_id} is disabled")
-        locator = page.locator(f'[{ID_ATTRIBUTE}="{element_id}"]')
-        what = f"{name} on element {element_id}"
-        with playwright_errors(what, action=True):
-            match name:
-                case "Click":
-                    self._new_page = anyio.Event()
-                    if boxless:
-                        # A styled checkbox hidden behind its label: click it as a label would.
-                        await locator.dispatch_event("click", timeout=ms)
-                    else:
-                        # Playwright's click also waits for a navigation it starts to
-                        # commit: give that the navigation timeout on top.
-                        await locator.click(timeout=ms + self._navigation_ms)
-                    if opens_tab:
-                        # The new tab's page event comes after the click returns.
-                        with anyio.move_on_after(self.config.navigation_timeout_s):
-                            await self._new_page.wait()
-                case "Right Click":
-                    await locator.click(button="right", timeout=ms)
-                case "Hover":
-                    await locator.hover(timeout=ms)
-                case "Type":
-                    await locator.fill(action.argument or "", timeout=ms)
-                case "Search":
-                    await locator.fill(action.argument or "", timeout=ms)
-                    await locator.press("Enter", timeout=ms + self._navigation_ms)
-                case "Select Dropdown Option":
-                    index = _option_index(
-                        observed.tag, observed.options, action.argument or "", element_id
-                    )
-                    await locator.select_option(index=index, timeout=ms)
-                case _:
-                    raise ActionError(f"{name} does not act on an element")
-
-    async def _goto(self, raw: str) -> None:
-        url = raw.strip()
-        base = self.page.url
-        if "://" not in url and not url.startswith(
-            ("about:", "data:", "javascript:", "file:", "chrome:")
-        ):
-            url = urljoin(base, url)
-        if not self.allowlist.allows(url):
-            scheme = urlsplit(url).scheme
-            if scheme not in ("http", "https"):
-                raise NavigationBlocked(
-                    f"Goto {_short(url)} refused: only http(s) URLs may be visited"
-                )
-            raise NavigationBlocked(
-                f"Goto {_short(url)} blocked: only {self.allowlist.describe()} may be visited"
-            )
-        await self._navigate(self.page, url, action=True)
-
-    async def _navigate(self, page: Page, url: str, *, action: bool = False) -> None:
-        with playwright_errors(f"go to {_short(url)}", action=action):
-            await page.goto(url, wait_until="load", timeout=self._nav_ms())
-
-    async def _scroll(self, *, down: bool) -> None:
-        obs = self.observation
-        page = self.page
-        height = self.config.viewport_height
-        current = obs.scroll_y if obs else 0
-        step = int(height * 0.8)
-        if down:
-            target = current + step
-            # Continue exactly below the last line the model saw, if the text was cut.
-            if obs and obs.lines_below and current + 50 < obs.shown_bottom < target:
-                target = obs.shown_bottom
-        else:
-            target = max(0, current - step)
-        with anyio.move_on_after(self.config.action_timeout_s) as scope:
-            with playwright_errors("scroll", action=True):
-                await page.evaluate(_SCROLL, {"y": target, "step": 0.8 if down else -0.8})
-        if scope.cancelled_caught:
-            raise ActionError("the page did not answer while scrolling")
+    async def navigate(self, page: Page, url: str, *, action: bool = False) -> None:
+        with playwright_errors(f"go to {shorten(url, 100)}", action=action):
+            await page.goto(url, wait_until="load", timeout=self.navigation_timeout_ms)
 
     # ------------------------------------------------------------------ housekeeping
 
-    def _nav_ms(self) -> float:
+    @property
+    def navigation_timeout_ms(self) -> float:
         return self.config.navigation_timeout_s * 1000
+
+    def expect_tab(self) -> anyio.Event:
+        """An event set when the next tab joins the episode (after a click that opens one)."""
+        self._new_page = anyio.Event()
+        return self._new_page
 
     def _check_alive(self) -> None:
         if self._gone.is_set():
@@ -532,7 +349,7 @@ class BrowserSession:
             self._download = None
         with anyio.move_on_after(self.config.navigation_timeout_s):
             try:
-                await page.wait_for_load_state("load", timeout=self._nav_ms())
+                await page.wait_for_load_state("load", timeout=self.navigation_timeout_ms)
             except PlaywrightError as exc:
                 if "closed" in str(exc) or type(exc).__name__ == "TargetClosedError":
                     raise BrowserError(f"the page closed: {exc}") from exc
@@ -552,7 +369,7 @@ class BrowserSession:
                 or url.startswith("chrome-error://")
             ):
                 continue
-            self.notices.append(f"the page {_short(url)} is not allowed and was closed")
+            self.notices.append(f"the page {shorten(url, 100)} is not allowed and was closed")
             with playwright_errors("close a tab that left the allowlist", action=True):
                 if len(self.pages) > 1:
                     await page.close()
@@ -565,14 +382,15 @@ class BrowserSession:
         with anyio.move_on_after(self.config.action_timeout_s):
             try:
                 await page.wait_for_url(
-                    lambda url: url.startswith("chrome-error://"), timeout=self._nav_ms()
+                    lambda url: url.startswith("chrome-error://"),
+                    timeout=self.navigation_timeout_ms,
                 )
             except PlaywrightError:
                 return
         if not page.url.startswith("chrome-error://"):
             return
         with playwright_errors("go back from a blocked navigation", action=True):
-            response = await page.go_back(timeout=self._nav_ms())
+            response = await page.go_back(timeout=self.navigation_timeout_ms)
             if response is None and page.url.startswith("chrome-error://"):
                 if len(self.pages) > 1:
                     await page.close()
@@ -586,28 +404,3 @@ class BrowserSession:
                 await self.context.close()
             except PlaywrightError as exc:
                 log.debug("session.close_failed", error=str(exc))
-
-
-def _option_index(tag: str, options: tuple[str, ...], wanted: str, element_id: int) -> int:
-    """The index of the <select> option whose shown text `wanted` names.
-
-    Exact text first, then ignoring case and spacing, then (for texts the observation cut
-    with "…") the shown prefix.
-    """
-    if tag != "select":
-        raise ActionError(f"element {element_id} is not a dropdown (<select>); click it instead")
-    if wanted in options:
-        return options.index(wanted)
-    folded = " ".join(wanted.split()).casefold()
-    for index, option in enumerate(options):
-        if " ".join(option.split()).casefold() == folded:
-            return index
-    for index, option in enumerate(options):
-        if option.endswith("…") and folded.startswith(option[:-1].casefold()):
-            return index
-    shown = ", ".join(repr(o) for o in options[:20])
-    raise ActionError(f"element {element_id} has no option {wanted!r}; its options are {shown}")
-
-
-def _short(text: str, limit: int = 100) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
