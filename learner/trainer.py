@@ -13,10 +13,10 @@
      `EVALUATED_STATUSES`) or whose evaluation left a check unjudged are dropped from their
      group (`Trajectory.scored`), since their reward says nothing about the policy; a
      group left with fewer than two is set aside (`failed`);
+   - a group whose rewards are all equal is set aside (`zero_variance`): no signal;
    - a group whose oldest turn was made by a version more than `max_staleness` behind
      the current one is dropped (`stale`); a turn without a version (-1) counts as
      infinitely old;
-   - a group whose rewards are all equal is set aside (`zero_variance`): no signal;
    - otherwise it is queued; once `batch_groups` are queued, one update runs in a worker
      thread (`anyio.to_thread.run_sync`, so torch never blocks the event loop);
 4. after each update (adapter vN+1 saved and checkpointed by the engine): emit
@@ -329,6 +329,12 @@ class Learner:
                 self._set_aside.failed.append(group.group_id)
                 return
             group = msgspec.structs.replace(group, trajectories=evaluated)
+        # No signal first: a group with one reward is "zero_variance" however old, so
+        # "stale" counts only the groups whose signal came too late.
+        if self._webrl is None and not group.rewards_differ():
+            self._zero_variance += 1
+            self._set_aside.zero_variance.append(group.group_id)
+            return
         versions = [t.adapter_version for tr in group.trajectories for t in tr.turns]
         oldest = min(versions, default=-1)
         if oldest < 0 or self.version - oldest > self.config.max_staleness:
@@ -337,10 +343,6 @@ class Learner:
             log.info(
                 "learner.stale_group", group_id=group.group_id, made_by=oldest, now=self.version
             )
-            return
-        if self._webrl is None and not group.rewards_differ():
-            self._zero_variance += 1
-            self._set_aside.zero_variance.append(group.group_id)
             return
         self._queue.append(group)
 

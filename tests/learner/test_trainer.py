@@ -94,10 +94,12 @@ async def test_updates_publish_versions_and_set_groups_aside(
         "c": group(make_group, 5, "c", [0, 1, 1], 0),
         "d": group(make_group, 6, "d", [1, 0], 1),
         "old": group(make_group, 7, "old", [1, 0], 0),
+        # as old, and with one reward: no signal, whatever its age
+        "old_zero": group(make_group, 10, "old_zero", [0, 0], 0),
         "e": group(make_group, 8, "e", [1, 0], 2),
         "f": group(make_group, 9, "f", [0, 0, 1], 1),
     }
-    order = ["a", "zero", "unversioned", "b", "c", "d", "old", "a", "e", "f"]
+    order = ["a", "zero", "unversioned", "b", "c", "d", "old", "old_zero", "a", "e", "f"]
     with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         await feed(learner, [g[k] for k in order])
     assert [p.name for p in rec.published] == ["policy@v0", "policy@v1", "policy@v2", "policy@v3"]
@@ -105,7 +107,7 @@ async def test_updates_publish_versions_and_set_groups_aside(
     assert kinds == ["AdapterPublished"] + ["UpdateApplied", "AdapterPublished"] * 3
     updates = [e for e in rec.events if isinstance(e, UpdateApplied)]
     assert [(u.version, u.groups_trained) for u in updates] == [(1, 2), (2, 2), (3, 2)]
-    assert [(u.groups_stale, u.groups_zero_variance) for u in updates] == [(1, 1), (0, 0), (1, 0)]
+    assert [(u.groups_stale, u.groups_zero_variance) for u in updates] == [(1, 1), (0, 0), (1, 1)]
     assert updates[0].metrics["zero_advantage_fraction"] == pytest.approx(1 / 3)
     for u in updates:
         for key in ("loss", "clip_fraction", "approx_kl", "ratio_mean", "grad_norm", "lr"):
@@ -117,14 +119,14 @@ async def test_updates_publish_versions_and_set_groups_aside(
     assert [e.version for e in published] == [0, 1, 2, 3]
     stats = learner.statistics()
     assert (stats.version, stats.updates, stats.groups_trained) == (3, 3, 6)
-    assert (stats.groups_stale, stats.groups_zero_variance, stats.groups_duplicate) == (2, 1, 1)
+    assert (stats.groups_stale, stats.groups_zero_variance, stats.groups_duplicate) == (2, 2, 1)
     assert stats.groups_received == len(order) and stats.groups_queued == 0
     # the checkpoint's ledger says who trained what
     saved = latest_checkpoint(tmp_path / "checkpoints")
     assert saved is not None and saved.state.version == 3
     assert saved.state.ledger.trained == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 3, "f": 3}
     assert sorted(saved.state.ledger.stale) == ["old", "unversioned"]
-    assert saved.state.ledger.zero_variance == ["zero"]
+    assert saved.state.ledger.zero_variance == ["zero", "old_zero"]
     # one canonical line per update, with the adapter bound
     lines = [entry for entry in logs if entry["event"] == "learner.update"]
     assert [(x["version"], x["adapter"], x["group_ids"]) for x in lines] == [
@@ -137,7 +139,7 @@ async def test_updates_publish_versions_and_set_groups_aside(
     assert kept == ["policy@v1", "policy@v2", "policy@v3"]
     # the journal holds every consumed id once (not the duplicate)
     journal = [json.loads(x)["id"] for x in (tmp_path / "consumed.jsonl").read_text().splitlines()]
-    assert journal == ["a", "zero", "unversioned", "b", "c", "d", "old", "e", "f"]
+    assert journal == ["a", "zero", "unversioned", "b", "c", "d", "old", "old_zero", "e", "f"]
 
 
 def _logp_sums(model_dir: Path, adapter: Path | None, grp: TrajectoryGroup) -> list[float]:
