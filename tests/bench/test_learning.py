@@ -1,4 +1,5 @@
-"""bench/learning.py: its pure helpers (statistics, curves, configs, the time estimate)."""
+"""bench/learning.py and learning_stages.py: their pure helpers (statistics, curves,
+configs, the time estimate)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import learning, learning_stats
+from bench import learning, learning_stages, learning_stats
 from runtime.base.config import load_config
 
 
@@ -102,8 +103,8 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     }
     rl = tmp_path / "rl.toml"
     rl.write_text(
-        learning.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r", data_dir=tmp_path / "d",
-                         settings=settings)
+        learning_stages.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r",
+                                data_dir=tmp_path / "d", settings=settings)
     )  # fmt: skip
     config = load_config(rl)
     assert config.policy.model == str(tmp_path / "bc")
@@ -116,14 +117,15 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.daemon.eval_every == 0 and not config.endpoint.enabled
     assert config.learner.algorithm == "mgrpo"
     rl.write_text(
-        learning.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r", data_dir=tmp_path / "d",
-                         settings={**settings, "algorithm": "webrl"})
+        learning_stages.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r",
+                                data_dir=tmp_path / "d",
+                                settings={**settings, "algorithm": "webrl"})
     )  # fmt: skip
     assert load_config(rl).learner.algorithm == "webrl"
     ev = tmp_path / "eval.toml"
     ev.write_text(
-        learning.eval_toml(model=tmp_path / "bc", url="http://127.0.0.1:1", run_dir=tmp_path,
-                           data_dir=tmp_path)
+        learning_stages.eval_toml(model=tmp_path / "bc", url="http://127.0.0.1:1",
+                                  run_dir=tmp_path, data_dir=tmp_path)
     )  # fmt: skip
     config = load_config(ev)
     assert config.policy.temperature == 0.0 and config.policy.url == "http://127.0.0.1:1"
@@ -186,11 +188,11 @@ def test_bc_summary_totals_the_bc_runs_a_checkpoint_continued(tmp_path: Path) ->
     pretrained.mkdir()  # no bc.json: where the chain ends
     first = bc("first", pretrained, 278, 2762.0)
     second = bc("second", first, 140, 1557.0)
-    report = learning.bc_summary(second)
+    report = learning_stages.bc_summary(second)
     assert "history" not in report
     assert (report["steps"], report["total_steps"]) == (140, 418)
     assert report["total_wall_s"] == pytest.approx(4319.0)
-    assert learning.bc_summary(first)["total_steps"] == 278
+    assert learning_stages.bc_summary(first)["total_steps"] == 278
 
 
 def test_paired_difference_counts_tasks_only_one_arm_solved() -> None:
@@ -270,16 +272,16 @@ def test_reused_run_reads_an_earlier_arm(tmp_path: Path) -> None:
     log = [{"event": "daemon.starting"}, {"event": "daemon.stopping",
                                           "timestamp": "1970-01-01T00:31:40.000000Z"}]  # fmt: skip
     run.with_suffix(".log").write_text("".join(json.dumps(e) + "\n" for e in log))
-    got = learning.reused_run(run)
+    got = learning_stages.reused_run(run)
     assert (got["version"], got["adapter"], got["train_s"]) == (
         1, str(run / "learner" / "adapters" / "policy@v1"), 900.0,
     )  # fmt: skip
     assert got["curves"]["groups"] == 1 and len(got["curves"]["updates"]) == 1
     run.with_suffix(".log").write_text(json.dumps(log[0]) + "\n")
     with pytest.raises(SystemExit, match=r"records no daemon\.stopping"):
-        learning.reused_run(run)
+        learning_stages.reused_run(run)
     with pytest.raises(SystemExit, match="no adapter with a manifest"):
-        learning.reused_run(tmp_path / "missing")
+        learning_stages.reused_run(tmp_path / "missing")
     assert learning._parse_reuse("webrl=/x/y") == ("webrl", Path("/x/y"))
     for bad in ("bc=/x", "webrl=", "webrl"):
         with pytest.raises(argparse.ArgumentTypeError):
