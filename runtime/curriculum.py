@@ -26,6 +26,16 @@ task count times the chance that the next group of G is mixed,
 (E[p^G] of a Beta is a product of G ratios), so a template never seen keeps its uniform
 share and one that always fails or always succeeds fades but never reaches zero (the
 policy moves; the window forgets). Within a template, tasks come in shuffled order.
+Given the tasks' lengths, a template's prior is not Jeffreys' but its length's: the other
+templates of the same length pool their windows into a mean m = (1/2 + successes) / (1 +
+episodes), and the prior is Beta(m, 1 - m) (Jeffreys' strength, one episode; with nothing
+pooled yet it is Jeffreys' own). Success on the built-in sites follows the length: the
+first run's model, 49 groups under Jeffreys' prior alone, solved episodes only of 3-step
+tasks (5 groups of 17 mixed); the 24 groups of 4 to 8 steps all failed, and a template with
+16 failures kept 23% of an unseen one's weight, so half the draws went to tasks of lengths
+nobody solved. With the pooled prior, once 12 groups of a length have all failed, an unseen
+template of that length weighs 4% of what Jeffreys' prior gives it (a 3-step one, its
+length at 13 successes in 68 episodes, 63%).
 """
 
 from __future__ import annotations
@@ -49,9 +59,14 @@ TaskLength = Callable[[TaskConfig], int | None]
 _PRIOR = 0.5
 
 
-def mixed_probability(successes: float, failures: float, group_size: int) -> float:
+def mixed_probability(
+    successes: float,
+    failures: float,
+    group_size: int,
+    prior: tuple[float, float] = (_PRIOR, _PRIOR),
+) -> float:
     """P(a group of `group_size` has both rewards) under the Beta posterior."""
-    a, b = _PRIOR + successes, _PRIOR + failures
+    a, b = prior[0] + successes, prior[1] + failures
     all_one = all_zero = 1.0
     for i in range(group_size):
         all_one *= (a + i) / (a + b + i)
@@ -93,9 +108,12 @@ class Curriculum:
         self._order: list[TaskConfig] = []
         self._by_template: dict[str, list[TaskConfig]] = defaultdict(list)
         self._template_of_id: dict[int, str] = {}
+        # Under "signal" with lengths: each template's length (its first task's), the
+        # templates that share a prior.
+        self._class_of: dict[str, int | None] = {}
+        self._classes: dict[int | None, list[str]] = defaultdict(list)
         for task in self._tasks:
-            self._by_template[template_of(task)].append(task)
-            self._template_of_id[task.task_id] = template_of(task)
+            self._join(task)
         self._queues: dict[str, list[TaskConfig]] = {}
         self._rounds: dict[str, int] = defaultdict(int)
         self._rewards: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
@@ -124,9 +142,17 @@ class Curriculum:
         order from the next epoch on, and its template's draws under "signal"."""
         for task in tasks:
             self._tasks.append(task)
-            self._by_template[template_of(task)].append(task)
-            self._template_of_id[task.task_id] = template_of(task)
+            self._join(task)
             self._fresh.append(task)
+
+    def _join(self, task: TaskConfig) -> None:
+        template = template_of(task)
+        self._by_template[template].append(task)
+        self._template_of_id[task.task_id] = template
+        if self._length is not None and template not in self._class_of:
+            steps = self._length(task)
+            self._class_of[template] = steps
+            self._classes[steps].append(template)
 
     def observe(self, task_id: int, outcomes: Iterable[tuple[float, str]]) -> None:
         """Remember a finished group's (reward, status) pairs under its task's template;
@@ -178,8 +204,23 @@ class Curriculum:
     def weight(self, template: str) -> float:
         rewards = self._rewards.get(template, ())
         successes = sum(rewards)
-        chance = mixed_probability(successes, len(rewards) - successes, self.group_size)
+        chance = mixed_probability(
+            successes, len(rewards) - successes, self.group_size, self.prior(template)
+        )
         return len(self._by_template[template]) * chance
+
+    def prior(self, template: str) -> tuple[float, float]:
+        """Beta(m, 1 - m), m the pooled success of the other templates of its length
+        (Jeffreys' (1/2, 1/2) without lengths or with nothing pooled)."""
+        if template not in self._class_of:
+            return (_PRIOR, _PRIOR)
+        successes = episodes = 0.0
+        for other in self._classes[self._class_of[template]]:
+            if other != template and other in self._rewards:
+                successes += sum(self._rewards[other])
+                episodes += len(self._rewards[other])
+        mean = (_PRIOR + successes) / (2 * _PRIOR + episodes)
+        return (mean, 1.0 - mean)
 
     def weights(self) -> dict[str, float]:
         """Each template's current weight (what `next` draws by, under "signal")."""

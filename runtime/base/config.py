@@ -298,7 +298,8 @@ class SchedulerConfig(Section, frozen=True):
     # epoch, shuffled), "short_first" (the same, the tasks with the shortest scripted
     # solution first; tasks without one, as WebArena's, keep the shuffled order) or
     # "signal" (by template, toward those whose groups of `group_size` are likely to have
-    # mixed rewards, the only ones M-GRPO learns from). "short_first" because the first
+    # mixed rewards, the only ones M-GRPO learns from; a template's prior is the pooled
+    # success of the other templates of its length). "short_first" because the first
     # run's model, 15 minutes of BC, solves short tasks and almost no long ones, and only
     # mixed groups make an update (bc.demo_max_steps has the figures); bench.learning's
     # RL arms run "uniform" (--curriculum).

@@ -25,17 +25,22 @@ def _observe(
     curriculum.observe(task.task_id, [(reward, status) for reward in rewards])
 
 
-@pytest.mark.parametrize(("successes", "failures", "size"), [(0, 0, 4), (0, 8, 4), (3, 1, 8)])
+@pytest.mark.parametrize(
+    ("successes", "failures", "size", "prior"),
+    [(0, 0, 4, (0.5, 0.5)), (0, 8, 4, (0.5, 0.5)), (3, 1, 8, (0.5, 0.5)), (0, 0, 4, (0.1, 0.9)),
+     (2, 2, 4, (0.02, 0.98))],
+)  # fmt: skip
 def test_mixed_probability_matches_sampling_the_posterior(
-    successes: int, failures: int, size: int
+    successes: int, failures: int, size: int, prior: tuple[float, float]
 ) -> None:
     rng = random.Random(0)
     draws, mixed = 40_000, 0
     for _ in range(draws):
-        p = rng.betavariate(0.5 + successes, 0.5 + failures)
+        p = rng.betavariate(prior[0] + successes, prior[1] + failures)
         outcomes = {rng.random() < p for _ in range(size)}
         mixed += len(outcomes) == 2
-    assert mixed_probability(successes, failures, size) == pytest.approx(mixed / draws, abs=0.01)
+    got = mixed_probability(successes, failures, size, prior)
+    assert got == pytest.approx(mixed / draws, abs=0.01)
 
 
 def test_uniform_takes_every_task_once_per_epoch_in_a_seeded_order() -> None:
@@ -218,3 +223,35 @@ def test_added_tasks_are_drawn_next_once_then_join_the_pool(kind: CurriculumKind
     assert set(drawn) == {0, 1, 2, 3, 100, 101}
     if kind == "uniform":  # every task once an epoch, the added ones included
         assert len(set(drawn.values())) <= 2
+
+
+def test_signal_with_lengths_gives_a_template_its_lengths_pooled_prior() -> None:
+    # Templates 0-2 are 5-step tasks, 3-5 one-step ones; 5 tasks each.
+    tasks = [_task(10 * t + i, t) for t in range(6) for i in range(5)]
+    curriculum = Curriculum(
+        tasks, kind="signal", group_size=4, seed="0:train",
+        length=lambda task: 5 if task.task_id < 30 else 1,
+    )  # fmt: skip
+    before = curriculum.weights()
+    assert len(set(before.values())) == 1  # nothing pooled yet: Jeffreys' prior for all
+    assert curriculum.prior("t:2") == (0.5, 0.5)
+    for _ in range(3):
+        _observe(curriculum, tasks[0], [0, 0, 0, 0])  # template 0: 5 steps, fails
+        _observe(curriculum, tasks[5], [0, 0, 0, 0])  # template 1: 5 steps, fails
+        _observe(curriculum, tasks[15], [1, 0, 0, 1])  # template 3: 1 step, mixed
+    after = curriculum.weights()
+    # Unseen, both: a 5-step template takes its length's failures as its prior.
+    assert after["t:4"] > 10 * after["t:2"] > 0
+    assert curriculum.prior("t:2")[0] == pytest.approx(0.5 / 25)
+    # A template's own groups are not its prior's: template 3's comes from 4 and 5 only.
+    assert curriculum.prior("t:3") == (0.5, 0.5)
+    templates = Counter(template_of(curriculum.next()) for _ in range(600))
+    five_steps = sum(templates[f"t:{t}"] for t in range(3))
+    assert 0 < five_steps < 30
+    # Without lengths the same groups leave the unseen templates alike.
+    plain = Curriculum(tasks, kind="signal", group_size=4, seed="0:train")
+    for _ in range(3):
+        _observe(plain, tasks[0], [0, 0, 0, 0])
+        _observe(plain, tasks[5], [0, 0, 0, 0])
+        _observe(plain, tasks[15], [1, 0, 0, 1])
+    assert plain.weight("t:2") == plain.weight("t:4")
