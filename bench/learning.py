@@ -97,7 +97,6 @@ from bench.learning_stats import (
 )
 from runtime.base.config import Config
 
-ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("bc", "bc+rl", "webrl", "control", "r1-zero")
 RL_ARMS = ("bc+rl", "webrl", "r1-zero")  # the arms a daemon trains (`--reuse` takes these)
 # The comparisons printed (first arm minus second), where both arms ran.
