@@ -87,6 +87,7 @@ class Scheduler:
         shuffle: bool = True,
         curriculum: CurriculumKind = "uniform",
         length: TaskLength | None = None,
+        signal_ceiling: float = 1.0,
     ) -> None:
         if not tasks:
             raise ValueError(f"no tasks to schedule (split {split!r} is empty)")
@@ -99,6 +100,7 @@ class Scheduler:
             seed=f"{seed}:{split}",
             shuffle=shuffle,
             length=length,
+            ceiling=signal_ceiling,
         )
         self.send = send
         self.group_size = group_size

@@ -177,6 +177,7 @@ class Training:
                 seed=config.scheduler.seed + max(self.learner.version, 0),
                 curriculum=config.scheduler.curriculum,
                 length=plan_length,
+                signal_ceiling=config.scheduler.signal_ceiling,
             )
             # A resumed run goes on from its store: the rewards seen, the tasks drawn.
             await anyio.to_thread.run_sync(

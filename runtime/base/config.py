@@ -304,6 +304,10 @@ class SchedulerConfig(Section, frozen=True):
     # mixed groups make an update (bc.demo_max_steps has the figures); bench.learning's
     # RL arms run "uniform" (--curriculum).
     curriculum: Literal["uniform", "short_first", "signal"] = "short_first"
+    # Under "signal": count a template's mixed groups only where its success rate is below
+    # this (1: all of them). Greedy success is what evaluations report, and a template that
+    # sampling solves more often than not is mostly one that greedy decoding solves already.
+    signal_ceiling: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
     seed: int = 0

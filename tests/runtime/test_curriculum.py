@@ -26,21 +26,40 @@ def _observe(
 
 
 @pytest.mark.parametrize(
-    ("successes", "failures", "size", "prior"),
-    [(0, 0, 4, (0.5, 0.5)), (0, 8, 4, (0.5, 0.5)), (3, 1, 8, (0.5, 0.5)), (0, 0, 4, (0.1, 0.9)),
-     (2, 2, 4, (0.02, 0.98))],
+    ("successes", "failures", "size", "prior", "ceiling"),
+    [(0, 0, 4, (0.5, 0.5), 1.0), (0, 8, 4, (0.5, 0.5), 1.0), (3, 1, 8, (0.5, 0.5), 1.0),
+     (0, 0, 4, (0.1, 0.9), 1.0), (2, 2, 4, (0.02, 0.98), 1.0), (0, 0, 4, (0.5, 0.5), 0.5),
+     (10, 2, 4, (0.5, 0.5), 0.5), (1, 11, 4, (0.02, 0.98), 0.5), (3, 3, 4, (0.5, 0.5), 0.3)],
 )  # fmt: skip
 def test_mixed_probability_matches_sampling_the_posterior(
-    successes: int, failures: int, size: int, prior: tuple[float, float]
+    successes: int, failures: int, size: int, prior: tuple[float, float], ceiling: float
 ) -> None:
     rng = random.Random(0)
     draws, mixed = 40_000, 0
     for _ in range(draws):
         p = rng.betavariate(prior[0] + successes, prior[1] + failures)
         outcomes = {rng.random() < p for _ in range(size)}
-        mixed += len(outcomes) == 2
-    got = mixed_probability(successes, failures, size, prior)
+        mixed += len(outcomes) == 2 and p < ceiling
+    got = mixed_probability(successes, failures, size, prior, ceiling)
     assert got == pytest.approx(mixed / draws, abs=0.01)
+
+
+def test_a_ceiling_moves_draws_from_mostly_solved_templates_to_mostly_failed_ones() -> None:
+    tasks = [_task(i, i) for i in range(2)]
+    curricula = {
+        ceiling: Curriculum(tasks, kind="signal", group_size=4, seed="0", ceiling=ceiling)
+        for ceiling in (1.0, 0.5)
+    }
+    for curriculum in curricula.values():
+        for _ in range(3):
+            _observe(curriculum, tasks[0], [1, 1, 1, 0])  # solved 3 times in 4
+            _observe(curriculum, tasks[1], [1, 0, 0, 0])  # 1 in 4
+    whole, below = curricula[1.0].weights(), curricula[0.5].weights()
+    assert whole["t:0"] == pytest.approx(whole["t:1"])  # mixed alike
+    assert below["t:0"] < 0.1 * below["t:1"]
+    assert below["t:1"] == pytest.approx(whole["t:1"], rel=0.1)
+    with pytest.raises(ValueError, match="ceiling"):
+        Curriculum(tasks, kind="signal", group_size=4, seed="0", ceiling=0.0)
 
 
 def test_uniform_takes_every_task_once_per_epoch_in_a_seeded_order() -> None:
