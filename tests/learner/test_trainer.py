@@ -316,7 +316,11 @@ async def test_torch_runs_off_the_event_loop(
     assert learner.statistics().updates == 1
     assert learner.statistics().last_update_s > 0.2
     assert busy_ticks >= 10  # the loop kept running while torch worked
-    assert max(gaps) < 0.2
+    # On the loop, the update's 8 optimizer steps would stall it for most of the update's
+    # time. Bounded by a share of the update, not by seconds alone: on a loaded machine
+    # (2 cores, a training run beside it) the OS alone left 0.27 s between two ticks while
+    # the update took 3.7 s.
+    assert max(gaps) < max(0.2, learner.statistics().last_update_s / 4)
 
 
 @pytest.mark.anyio
