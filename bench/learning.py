@@ -4,7 +4,7 @@ control and R1-Zero on the built-in suite.
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,webrl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
-        [--server-threads 0] [--curriculum uniform] [--reuse ARM=RUN_DIR]
+        [--server-threads 0] [--curriculum uniform] [--signal-ceiling 1] [--reuse ARM=RUN_DIR]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under
@@ -266,6 +266,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="sampling temperature of RL rollouts")  # fmt: skip
     add("--curriculum", choices=("uniform", "short_first", "signal"), default="uniform",
         help="scheduler.curriculum of the RL arms")  # fmt: skip
+    add("--signal-ceiling", type=float, default=1.0,
+        help='scheduler.signal_ceiling of the RL arms (under --curriculum signal)')  # fmt: skip
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
     add(
@@ -332,6 +334,7 @@ class _Experiment:
             "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps,
             "minibatches": args.minibatches, "threads": args.threads,
             "seed": args.seed, "temperature": args.rl_temperature, "curriculum": args.curriculum,
+            "signal_ceiling": args.signal_ceiling,
             "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip
         for arm, model in (("bc+rl", bc_dir), ("webrl", bc_dir), ("r1-zero", base)):

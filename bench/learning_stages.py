@@ -64,6 +64,7 @@ max_episodes_in_flight = {settings["group_size"] * settings["groups_in_flight"]}
 max_turns = {settings["train_max_turns"]}
 seed = {settings["seed"]}
 curriculum = "{settings["curriculum"]}"
+signal_ceiling = {settings.get("signal_ceiling", 1.0)}
 [learner]
 algorithm = "{settings.get("algorithm", "mgrpo")}"
 batch_groups = {settings["batch_groups"]}

@@ -100,6 +100,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
         "temperature": 0.5,
         "server_threads": 2,
         "curriculum": "signal",
+        "signal_ceiling": 0.5,
     }
     rl = tmp_path / "rl.toml"
     rl.write_text(
@@ -113,7 +114,7 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
     assert config.learner.optimizer_steps == 2 and config.learner.minibatches == 3
     assert config.policy.temperature == 0.5  # the rollouts' and so the learner's
     assert config.policy.cpu_threads == 2
-    assert config.scheduler.curriculum == "signal"
+    assert config.scheduler.curriculum == "signal" and config.scheduler.signal_ceiling == 0.5
     assert config.daemon.eval_every == 0 and not config.endpoint.enabled
     assert config.learner.algorithm == "mgrpo"
     rl.write_text(
