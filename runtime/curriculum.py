@@ -42,7 +42,7 @@ mixed group with its success rate below the ceiling: E[(1 - p^G - (1-p)^G) 1{p <
 Greedy evaluation is what is reported, and a template that sampling solves more often than
 not is mostly one that greedy decoding solves already. In the 82-minute "signal" run from the
 first run's model, the five 3-step templates whose test tasks greedy BC all solved (5 of 5)
-took 51 of the 192 groups in its store, and their episodes succeeded 166 times in 204 (v1-v5:
+took 51 of the 192 groups in its store; their episodes succeeded 166 times in 204 (v1-v5:
 31 in 36), and v15 solved 4 of their 5 test tasks greedily, one fewer than BC.
 """
 
