@@ -22,6 +22,9 @@ adapters and checkpoints) with a critic and a replay buffer beside it. One phase
 5. the phase's successful episodes join the buffer (the newest `replay_size` kept);
    version + 1: adapter, then the checkpoint, which holds the critic (LoRA, head,
    optimizer) and the buffer besides the policy's state, so a restart resumes all of it.
+   A checkpoint with none of those files (M-GRPO wrote it: a run switched to WebRL)
+   resumes the policy and starts a fresh critic and an empty buffer; one with some but
+   not all of them is refused.
 
 `task_values(prompts)` gives the critic's V(s_0, I) of new tasks' first prompts (the
 curriculum's filter, `runtime.evolution`). Everything runs in the learner's one worker
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from learner.batch import TurnSample, collate, micro_batches, policy_logprobs
 from learner.checkpoint import Ledger, SavedCheckpoint
@@ -56,6 +60,9 @@ CRITIC_LORA = "critic_lora.safetensors"
 CRITIC_HEAD = "critic_head.pt"
 CRITIC_OPTIMIZER = "critic_optimizer.pt"
 REPLAY_FILE = "replay.jsonl"
+_EXTRA_FILES = (CRITIC_LORA, CRITIC_HEAD, CRITIC_OPTIMIZER, REPLAY_FILE)
+
+log = structlog.get_logger("learner.webrl_engine")
 
 _Key = tuple[str, str, int]  # a turn: group id, episode id, turn index
 
@@ -130,6 +137,16 @@ class WebRLEngine(Engine):
 
         critic = self._require_critic()
         folder = saved.path
+        missing = [name for name in _EXTRA_FILES if not (folder / name).is_file()]
+        if len(missing) == len(_EXTRA_FILES):
+            log.info(
+                "checkpoint without a critic (an M-GRPO run's): fresh critic, empty buffer",
+                checkpoint=str(folder),
+                version=saved.state.version,
+            )
+            return
+        if missing:
+            raise CheckpointError(f"{folder}: WebRL's {', '.join(missing)} missing")
         set_peft_model_state_dict(critic.model, load_file(str(folder / CRITIC_LORA)))
         critic.head.load_state_dict(torch.load(folder / CRITIC_HEAD, weights_only=True))
         self._critic_optimizer.load_state_dict(

@@ -1,5 +1,6 @@
 """The WebRL learner on a tiny real model: phases, what a phase trains on, replay by
-perplexity, the curriculum's hook, and a restart that resumes critic and buffer."""
+perplexity, the curriculum's hook, a restart that resumes critic and buffer, and a run
+switched from M-GRPO to WebRL."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from learner.checkpoint import latest_checkpoint
 from learner.trainer import Learner
-from learner.webrl_engine import REPLAY_FILE
+from learner.errors import CheckpointError
+from learner.webrl_engine import CRITIC_HEAD, REPLAY_FILE
 from runtime.base.config import LearnerConfig, WebRLConfig
 from runtime.base.messages import TrajectoryGroup, UpdateApplied
 from tests.learner.test_trainer import Recorder, feed, start_only
@@ -136,6 +138,46 @@ async def test_a_restart_resumes_the_critic_and_the_buffer(
     engine = again._webrl
     assert engine is not None
     assert [s.group_id for s in engine.replay] == ["a", "b"]
+
+
+@pytest.mark.anyio
+async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_critic(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]
+    fresh = _learner(tmp_path / "fresh", tiny_model_dir, Recorder())
+    await start_only(fresh)
+    untrained = await fresh.task_values(prompts)
+
+    mgrpo = Learner(
+        msgspec.structs.replace(CONFIG, algorithm="mgrpo"),
+        base_model=tiny_model_dir,
+        out_dir=tmp_path / "run",
+        publish=Recorder().publish,
+    )
+    await feed(mgrpo, [_group(make_group, 31, "a", [1, 0]), _group(make_group, 32, "b", [0, 1])])
+    saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert saved is not None and saved.state.version == 1
+    assert not (saved.path / REPLAY_FILE).exists()
+
+    rec = Recorder()
+    switched = _learner(tmp_path / "run", tiny_model_dir, rec)
+    await start_only(switched)
+    assert switched.version == 1
+    assert [p.name for p in rec.published] == ["policy@v1"]
+    assert await switched.task_values(prompts) == pytest.approx(untrained, abs=1e-6)
+    engine = switched._webrl
+    assert engine is not None and engine.replay == []
+
+    again = _learner(tmp_path / "run", tiny_model_dir, Recorder())
+    await feed(again, [_group(make_group, 33, "c", [1, 1]), _group(make_group, 34, "d", [0, 0])])
+    saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert saved is not None and saved.state.version == 2
+    assert len((saved.path / REPLAY_FILE).read_bytes().splitlines()) == 2
+
+    (saved.path / CRITIC_HEAD).unlink()  # a WebRL checkpoint with part of it gone
+    with pytest.raises(CheckpointError, match="critic_head.pt missing"):
+        await start_only(_learner(tmp_path / "run", tiny_model_dir, Recorder()))
 
 
 def test_webrl_needs_one_rank() -> None:
