@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from learner.checkpoint import latest_checkpoint
-from learner.trainer import Learner
 from learner.errors import CheckpointError
+from learner.trainer import Learner
 from learner.webrl_engine import CRITIC_HEAD, REPLAY_FILE
 from runtime.base.config import LearnerConfig, WebRLConfig
 from runtime.base.messages import TrajectoryGroup, UpdateApplied
@@ -176,7 +176,7 @@ async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_cri
     assert len((saved.path / REPLAY_FILE).read_bytes().splitlines()) == 2
 
     (saved.path / CRITIC_HEAD).unlink()  # a WebRL checkpoint with part of it gone
-    with pytest.raises(CheckpointError, match="critic_head.pt missing"):
+    with pytest.raises(CheckpointError, match=r"critic_head\.pt missing"):
         await start_only(_learner(tmp_path / "run", tiny_model_dir, Recorder()))
 
 
