@@ -33,6 +33,16 @@ CONFIG = LearnerConfig(
 WEBRL = WebRLConfig(critic_steps=3, critic_batch=4, replay_ratio=1.0)
 
 
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]  # first prompts the critic values
+
+
+async def _untrained_values(out: Path, model: Path) -> list[float]:
+    """V(s_0) of PROMPTS by a critic no phase has trained (the seed makes it the same)."""
+    fresh = _learner(out, model, Recorder())
+    await start_only(fresh)
+    return await fresh.task_values(PROMPTS)
+
+
 def _group(make_group: MakeGroup, seed: int, gid: str, rewards: Sequence[float]) -> Any:
     return make_group(seed, group_id=gid, rewards=list(rewards), vocab=500, version=0)
 
@@ -118,23 +128,20 @@ async def test_replay_keeps_the_actions_within_the_perplexity_bounds(
 async def test_a_restart_resumes_the_critic_and_the_buffer(
     tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
 ) -> None:
-    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]
-    fresh = _learner(tmp_path / "fresh", tiny_model_dir, Recorder())
-    await start_only(fresh)
-    before = await fresh.task_values(prompts)
+    before = await _untrained_values(tmp_path / "fresh", tiny_model_dir)
 
     learner = _learner(tmp_path / "run", tiny_model_dir, Recorder())
     await feed(
         learner,
         [_group(make_group, 21, "a", [1, 0]), _group(make_group, 22, "b", [0, 1])],
     )
-    trained = await learner.task_values(prompts)
+    trained = await learner.task_values(PROMPTS)
     assert trained != pytest.approx(before, abs=1e-6)
 
     again = _learner(tmp_path / "run", tiny_model_dir, Recorder())
     await start_only(again)
     assert again.version == 1
-    assert await again.task_values(prompts) == pytest.approx(trained, abs=1e-6)
+    assert await again.task_values(PROMPTS) == pytest.approx(trained, abs=1e-6)
     engine = again._webrl
     assert engine is not None
     assert [s.group_id for s in engine.replay] == ["a", "b"]
@@ -144,10 +151,7 @@ async def test_a_restart_resumes_the_critic_and_the_buffer(
 async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_critic(
     tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
 ) -> None:
-    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]
-    fresh = _learner(tmp_path / "fresh", tiny_model_dir, Recorder())
-    await start_only(fresh)
-    untrained = await fresh.task_values(prompts)
+    untrained = await _untrained_values(tmp_path / "fresh", tiny_model_dir)
 
     mgrpo = Learner(
         msgspec.structs.replace(CONFIG, algorithm="mgrpo"),
@@ -165,7 +169,7 @@ async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_cri
     await start_only(switched)
     assert switched.version == 1
     assert [p.name for p in rec.published] == ["policy@v1"]
-    assert await switched.task_values(prompts) == pytest.approx(untrained, abs=1e-6)
+    assert await switched.task_values(PROMPTS) == pytest.approx(untrained, abs=1e-6)
     engine = switched._webrl
     assert engine is not None and engine.replay == []
 
