@@ -139,10 +139,8 @@ class WebRLEngine(Engine):
         folder = saved.path
         missing = [name for name in _EXTRA_FILES if not (folder / name).is_file()]
         if len(missing) == len(_EXTRA_FILES):
-            log.info(
-                "checkpoint without a critic (an M-GRPO run's): fresh critic, empty buffer",
-                checkpoint=str(folder),
-                version=saved.state.version,
+            log.info(  # an M-GRPO run's checkpoint: the critic and the buffer start anew
+                "webrl.fresh_critic", checkpoint=str(folder), version=saved.state.version
             )
             return
         if missing:
