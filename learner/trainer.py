@@ -31,6 +31,10 @@ rewards are all equal is trained on too (the critic, not the group, is the basel
 `on_phase(groups, version)` (optional) is called once the phase's version is published,
 and `task_values` asks the critic about new tasks' first states.
 
+`admits(ahead)` tells the daemon's scheduler whether a group started now, behind `ahead`
+others not yet received, would still be fresh when it arrives (else it starts none);
+`threads` (optional) is asked before every forward pass for the torch thread count.
+
 When the stream closes the loop returns; queued groups short of a batch stay in the
 journal and are trained after a restart. `hold()` (a stopping daemon, `max_updates`)
 starts no further update: groups still arriving are journaled and queued, and trained
@@ -120,6 +124,7 @@ class Learner:
         on_updating: OnUpdating | None = None,
         webrl: WebRLConfig | None = None,
         on_phase: OnPhase | None = None,
+        threads: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.out_dir = Path(out_dir)
@@ -143,6 +148,7 @@ class Learner:
                 decode=decode,
                 temperature=temperature,
             )
+        self._engine.threads = threads  # asked in the learner's thread, before each forward
         self._on_phase = on_phase
         self._ranks = Ranks(self._engine) if config.data_parallel > 1 else None
         self._publish = publish
@@ -199,6 +205,25 @@ class Learner:
         if engine is None:
             raise TrainingError('task values need learner.algorithm = "webrl"')
         return await self._in_thread(lambda: engine.task_values(prompts))
+
+    def admits(self, ahead: int) -> bool:
+        """Would a group that reaches the learner after `ahead` others be trained, not set
+        aside as stale? (The scheduler's `admit`: start no group that would be.)
+
+        A group started now is made by the current version (its oldest turn) and checked
+        when it arrives. By then the update in progress, if any, is published, and one
+        more for every `batch_groups` groups queued meanwhile: the ones waiting now and the
+        share of the `ahead` that the learner trains (WebRL every evaluated group, M-GRPO
+        the mixed ones, estimated from the groups checked so far). It is trained if those
+        are at most `max_staleness` versions.
+        """
+        batch = self.config.batch_groups
+        waiting = len(self._queue) - (min(batch, len(self._queue)) if self._updating else 0)
+        trainable = self._trained + len(self._queue) + self._stale
+        checked = trainable + self._zero_variance + self._failed
+        share = (trainable + 1) / (checked + 1)  # 1 before any group is checked
+        updates = int(self._updating) + int((waiting + share * ahead) // batch)
+        return updates <= self.config.max_staleness
 
     def statistics(self) -> LearnerStatistics:
         state = self._engine.state
@@ -297,13 +322,16 @@ class Learner:
         self._resumed = len(missing)
 
     async def _take(self, group: TrajectoryGroup) -> None:
-        self._received += 1
-        if group.group_id in self._seen:
-            self._duplicate += 1
-            log.warning("learner.duplicate_group", group_id=group.group_id)
-            return
-        await anyio.to_thread.run_sync(self._journal.append, group.group_id)
-        self._classify(group)
+        try:
+            if group.group_id in self._seen:
+                self._duplicate += 1
+                log.warning("learner.duplicate_group", group_id=group.group_id)
+                return
+            await anyio.to_thread.run_sync(self._journal.append, group.group_id)
+            self._classify(group)
+        finally:
+            # Counted once classified: `admits`' callers count the groups on the way here.
+            self._received += 1
 
     def _classify(self, group: TrajectoryGroup) -> None:
         self._seen.add(group.group_id)

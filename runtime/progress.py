@@ -40,6 +40,8 @@ def render(status: dict[str, Any]) -> Table:
     held = scheduler.get("held_for") or []
     if held:
         table.add_row("new turns wait for", ", ".join(held))
+    if scheduler.get("waiting_for_learner"):
+        table.add_row("new groups wait for", "the learner (they would arrive stale)")
     table.add_row("groups queued", str(scheduler.get("queue_depth", 0)))
     table.add_row("throughput", f"{scheduler.get('steps_per_s', 0.0):.1f} steps/s")
     table.add_row(

@@ -17,6 +17,11 @@ episodes wait before each policy call (no new turns while paused; contexts stay 
 `hold_for_policy` while the policy server is down, independently of a pause (the gate
 opens when none holds it).
 
+`admit` (optional, training) is asked before each new group: while it says no, no group
+starts (the groups in flight go on). The daemon's says no while a group started now would
+reach the learner too late to be trained (`Learner.admits`): the learner is then the
+bottleneck, and the rollout would only take the CPU from it.
+
 The groups run on a `GroupRunner`: `Rollout` in this process, or `runtime.cluster`'s
 `RayRollout` on Ray's rollout workers. A group lost with its worker (every episode
 `error:worker`) is sent on like any other (stored, never trained) and its task is drawn
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -44,6 +49,11 @@ log = structlog.get_logger("runtime.scheduler")
 
 # Steps/s is measured over this many seconds of recent history.
 _RATE_WINDOW_S = 60.0
+# How often a new group held back by `admit` asks again (groups take minutes).
+_ADMIT_POLL_S = 0.5
+
+# Asked before each new group: True to start it now.
+Admit = Callable[[], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,8 @@ class SchedulerStatistics:
     held_for: tuple[str, ...] = ()
     # Finished groups whose evaluated rewards differ: the ones M-GRPO learns from.
     groups_mixed: int = 0
+    # No new group starts for now: `admit` says it would come too late to be trained.
+    waiting_for_learner: bool = False
 
 
 class Scheduler:
@@ -88,6 +100,7 @@ class Scheduler:
         curriculum: CurriculumKind = "uniform",
         length: TaskLength | None = None,
         signal_ceiling: float = 1.0,
+        admit: Admit | None = None,
     ) -> None:
         if not tasks:
             raise ValueError(f"no tasks to schedule (split {split!r} is empty)")
@@ -108,6 +121,8 @@ class Scheduler:
         self.num_groups = num_groups
         # A semaphore, not a CapacityLimiter: the producer acquires, the group task releases.
         self._slots = anyio.Semaphore(max_groups)
+        self._admit = admit
+        self._waiting_for_learner = False
         self._producer = anyio.CancelScope()
         self._idle = anyio.Event()
         self._started = 0
@@ -185,9 +200,10 @@ class Scheduler:
                         opened = False
                         try:
                             await self.rollout.gate.wait_open()
+                            await self._admitted()
                             opened = True
                         finally:
-                            if not opened:  # cancelled while paused: give the slot back
+                            if not opened:  # cancelled while waiting: give the slot back
                                 self._slots.release()
                         task = self.curriculum.next()
                         log.info("scheduler.group_started", task_id=task.task_id)
@@ -202,6 +218,18 @@ class Scheduler:
                 groups=self._finished,
                 seconds=round(time.monotonic() - self._t0, 3),
             )
+
+    async def _admitted(self) -> None:
+        """Return once `admit` (if any) lets a new group start."""
+        if self._admit is None or self._admit():
+            return
+        self._waiting_for_learner = True
+        log.info("scheduler.waiting_for_learner", groups_in_flight=self._in_flight)
+        try:
+            while not self._admit():  # noqa: ASYNC110 - a question, not an event: polled
+                await anyio.sleep(_ADMIT_POLL_S)
+        finally:
+            self._waiting_for_learner = False
 
     async def _group(self, task: TaskConfig) -> None:
         try:
@@ -257,6 +285,7 @@ class Scheduler:
             stopping=self._stopping,
             held_for=tuple(sorted(self.rollout.gate.closed_for)),
             groups_mixed=self._mixed,
+            waiting_for_learner=self._waiting_for_learner,
         )
 
 

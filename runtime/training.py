@@ -2,7 +2,8 @@
 
     scheduler ── groups ──> pump ──> store (fsync) ──> learner (worker thread)
         ^                                                  │ publish (through the supervisor)
-        └── held while the server is down, or (max_staleness 0) while an update runs
+        ├── held while the server is down, or (max_staleness 0) while an update runs
+        └── no new group while it would reach the learner stale (`Learner.admits`)
 
 `Training` is what the daemon starts when it trains. `start` makes the learner resume and
 publish its version, then starts the scheduler and the pump; every finished group is
@@ -15,6 +16,7 @@ loop has returned, that is, once every drained group is journaled.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,6 +78,8 @@ class Training:
         self.config = config
         self.store_path = run_dir / "trajectories.jsonl"
         self.scheduler: Scheduler | None = None
+        self._handed_first = 0  # stored groups never journaled, handed to the learner first
+        self._pool: BrowserPool | None = None  # every episode's browser contexts (in `start`)
         self.done = anyio.Event()
         # What rollout workers on Ray need besides the config (`runtime.cluster`).
         self._url_overrides = dict(url_overrides or {})
@@ -121,6 +125,7 @@ class Training:
             on_updating=self.hold_for_update if config.learner.max_staleness == 0 else None,
             webrl=config.webrl,
             on_phase=self._evolve if webrl else None,
+            threads=self._learner_threads,
         )
 
     def hold(self) -> None:
@@ -142,6 +147,7 @@ class Training:
     async def start(self, tg: TaskGroup, environment: Environment, pool: BrowserPool) -> None:
         """Resume the learner (which publishes its version), then start rollouts."""
         config = self.config
+        self._pool = pool
         if self._stopping.is_set():  # a stop that came during start-up holds it too
             self.hold()
         # Opened first: a torn last line (a kill mid-append) is cut before anything reads.
@@ -178,6 +184,7 @@ class Training:
                 curriculum=config.scheduler.curriculum,
                 length=plan_length,
                 signal_ceiling=config.scheduler.signal_ceiling,
+                admit=self._admit if config.scheduler.only_fresh_groups else None,
             )
             # A resumed run goes on from its store: the rewards seen, the tasks drawn.
             await anyio.to_thread.run_sync(
@@ -202,6 +209,7 @@ class Training:
             unjournaled = await anyio.to_thread.run_sync(
                 unseen_groups, self.store_path, self.learner.has_seen
             )
+            self._handed_first = len(unjournaled)
             if unjournaled:
                 log.warning("daemon.unjournaled_groups", groups=[g.group_id for g in unjournaled])
             started = True
@@ -210,6 +218,27 @@ class Training:
                 store.close()
         tg.start_soon(self._schedule, scheduler)
         tg.start_soon(self._pump, groups_recv, learn_send, store, unjournaled)
+
+    def _admit(self) -> bool:
+        """The scheduler's `admit`: a new group only where the learner would train it.
+        The groups ahead of it: those started (and the unjournaled ones handed over
+        first) that the learner has not taken yet."""
+        if self.scheduler is None:
+            return True
+        started = self.scheduler.statistics().groups_started + self._handed_first
+        return self.learner.admits(started - self.learner.statistics().groups_received)
+
+    def _learner_threads(self) -> int:
+        """The learner's torch threads now: `learner.torch_threads` while an episode runs
+        (training's or an evaluation's: a browser context is open), `learner.idle_threads`
+        while none does. Called in the learner's thread: it only reads counters."""
+        cores = os.cpu_count() or 1
+        learner = self.config.learner
+        scheduler, pool = self.scheduler, self._pool
+        if scheduler is None or pool is None:
+            return learner.torch_threads or cores
+        running = scheduler.rollout.stats.episodes_running + pool.contexts_open
+        return (learner.torch_threads if running else learner.idle_threads) or cores
 
     async def drain(self, timeout_s: float) -> None:
         """No new groups; those in flight finish, or end `interrupted` after `timeout_s`."""

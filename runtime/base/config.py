@@ -312,6 +312,11 @@ class SchedulerConfig(Section, frozen=True):
     signal_ceiling: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
+    # Start a group only when the learner would train it: one that reaches the learner
+    # more than `learner.max_staleness` versions after the version that made it is set
+    # aside as stale, and while the learner is the bottleneck such rollouts only take the
+    # CPU from it (`Learner.admits`). Off: up to `max_groups_in_flight` whatever the learner.
+    only_fresh_groups: bool = True
     seed: int = 0
     # Bounds on one policy call and on a task's evaluators (the episode ends with
     # error:policy / error:evaluation past them).

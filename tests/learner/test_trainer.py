@@ -520,3 +520,86 @@ async def test_trajectories_with_an_unjudged_check_are_dropped(
     assert update.trajectories_dropped == 1
     kept = [*a.trajectories[:2], *b.trajectories]
     assert update.metrics["samples"] == sum(len(t.turns) for t in kept)
+
+
+def _published_version(rec: Recorder) -> int:
+    """The version the server would serve now: the last one published."""
+    return int(rec.published[-1].name.rsplit("@v", 1)[1])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("admission", [True, False])
+async def test_groups_admitted_by_the_learner_are_never_stale(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup, admission: bool
+) -> None:
+    """A producer as fast as can be (groups made the moment they start, by the version
+    published then, waiting in a stream for the learner): with `admits` as its gate none
+    of 10 groups comes too late; without it, the learner sets most aside."""
+    rec = Recorder()
+    learner = Learner(CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish)
+    send, receive = anyio.create_memory_object_stream[TrajectoryGroup](16)
+    held_back = 0
+    async with anyio.create_task_group() as tg, send:
+        await tg.start(learner.run, receive)
+        for s in range(10):
+            while admission and not learner.admits(s - learner.statistics().groups_received):
+                held_back += 1
+                await anyio.sleep(0.01)
+            await send.send(group(make_group, s, f"g{s}", [1, 0], _published_version(rec)))
+    stats = learner.statistics()
+    if admission:
+        assert held_back > 0
+        assert (stats.groups_stale, stats.groups_trained) == (0, 10)
+    else:
+        assert stats.groups_stale >= 5
+
+
+@pytest.mark.anyio
+async def test_admits_counts_the_share_of_groups_the_learner_trains(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    learner = Learner(CONFIG, base_model=tiny_model_dir, out_dir=tmp_path, publish=rec.publish)
+    # v0, nothing queued (2 a batch, 1 version of staleness): 3 ahead means one update
+    # before the group arrives, 4 two
+    await start_only(learner)
+    assert [learner.admits(n) for n in (0, 3, 4)] == [True, True, False]
+    # 3 groups with one reward (set aside, no update) and 1 mixed, queued: 2 of 5 so far
+    # trained (with the one counted before any): 1 + 0.4 n < 4 up to n = 7
+    zero = [group(make_group, s, f"z{s}", [1, 1], 0) for s in range(3)]
+    await feed(learner, [*zero, group(make_group, 3, "m", [1, 0], 0)])
+    assert learner.statistics().groups_queued == 1
+    assert [learner.admits(n) for n in (7, 8)] == [True, False]
+
+
+def test_an_update_follows_the_thread_count_it_is_told_between_forward_passes(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    """The daemon's hint (`Engine.threads`: all cores while no episode runs) takes effect
+    at the next forward pass, in the thread the update runs in, not only at its start."""
+    import threading
+
+    from learner.checkpoint import Ledger
+    from learner.engine import Engine
+
+    engine = Engine(CONFIG, base_model=tiny_model_dir, out_dir=tmp_path)
+    engine.open()
+    asked: list[int] = []
+
+    def threads() -> int:  # 2 for the first two calls, then 1 (episodes started)
+        asked.append(2 if len(asked) < 2 else 1)
+        return asked[-1]
+
+    engine.threads = threads
+    # registered after the engine's own hook: (what it was told, what it set)
+    seen: list[tuple[int, int]] = []
+    engine._model.register_forward_pre_hook(
+        lambda *_: seen.append((asked[-1], torch.get_num_threads()))
+    )
+    groups = [group(make_group, s, f"g{s}", [1, 0, 1], 0) for s in range(4)]
+    worker = threading.Thread(target=engine.update, args=(groups, Ledger()))
+    worker.start()
+    worker.join()
+    assert len(seen) >= 4  # micro-batches of 64 tokens: several forward passes
+    assert [set_ for told, set_ in seen] == [told for told, _ in seen]
+    assert seen[0] == (2, 2) and seen[-1] == (1, 1)

@@ -47,6 +47,9 @@ def test_the_policy_server_state_and_the_faults_show() -> None:
     text = _text(external)
     assert "waiting for it; rollouts paused (no /health)" in text
     assert re.search(r"new turns wait for\W+policy", text)
+    assert "new groups wait for" not in text
+    learner_behind = {"scheduler": {"waiting_for_learner": True}}
+    assert re.search(r"new groups wait for\W+the learner", _text(learner_behind))
     up = {"server": {"state": "up", "outages": 1, "recovery_s": [41.25]}, "faults": {}}
     text = _text(up)
     assert "up (1 outages, last back after 41.2 s)" in text

@@ -190,6 +190,30 @@ async def test_pause_holds_every_episode_before_its_next_turn(pool: BrowserPool,
     assert [t.reward for t in groups[0].trajectories] == [1.0, 1.0, 1.0]
 
 
+async def test_no_group_starts_while_admit_says_no(pool: BrowserPool, web: Any) -> None:
+    """`admit` (the learner's `admits`, in training) holds new groups back, not the ones in
+    flight, and the statistics say so."""
+    allowed = {"groups": 1}
+    send, receive = anyio.create_memory_object_stream[TrajectoryGroup](4)
+    scheduler = Scheduler(
+        rollout=_rollout(pool, web, _oracle()), tasks=[SHORT], send=send, group_size=2,
+        max_groups=4, num_groups=3,
+        admit=lambda: scheduler.statistics().groups_started < allowed["groups"],
+    )  # fmt: skip
+    groups: list[TrajectoryGroup] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_collect, scheduler, receive, groups)
+        with anyio.fail_after(60):
+            while len(groups) < 1:  # noqa: ASYNC110 - the collector's list
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)  # four slots free, yet no second group
+        stats = scheduler.statistics()
+        assert (stats.groups_started, stats.groups_in_flight) == (1, 0)
+        assert stats.waiting_for_learner
+        allowed["groups"] = 3
+    assert len(groups) == 3 and not scheduler.statistics().waiting_for_learner
+
+
 def _chromium_pid(marker: str) -> int:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
