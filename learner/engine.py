@@ -32,7 +32,10 @@ they are those of the distribution the server sampled from (vLLM's processed log
 top-p truncation is not reproduced (with top_p < 1 the server's log-probs are of the
 truncated distribution: recompute them).
 The model and optimizer are float32, its products bfloat16 where `learner.compute_dtype`
-says so (`compute_autocast`); `torch_threads` is applied in every calling thread.
+says so (`compute_autocast`); `torch_threads` is applied in every calling thread, and
+again before every forward pass of a model, as `threads()` says at the time where it is
+set (the daemon: all cores while no episode runs, so that the learner takes the CPU the
+rollouts leave idle).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import functools
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +234,8 @@ class Engine:
         self.adapters_dir = self.out_dir / "adapters"
         self.checkpoints_dir = self.out_dir / "checkpoints"
         self.state: LearnerState | None = None
+        # Torch threads now (asked before every forward pass); None: `torch_threads`.
+        self.threads: Callable[[], int] | None = None
         self._model: Any = None
         self._optimizer: Any = None
         self._scheduler: Any = None
@@ -266,6 +271,7 @@ class Engine:
         pad = base.config.pad_token_id
         self._pad_id = int(pad) if isinstance(pad, int) else 0
         self._model = attach_lora(base, self.config).to(self._device)
+        self._follow_threads(self._model)
         if self.config.gradient_checkpointing:
             enable_checkpointing(self._model)
         params = [p for p in self._model.parameters() if p.requires_grad]
@@ -316,12 +322,17 @@ class Engine:
         return compute_autocast(self.config.compute_dtype, self._device)
 
     def _set_threads(self) -> None:
-        """Apply `torch_threads` to the calling thread: OpenMP's thread count is per
-        calling thread, and anyio may run each call on another worker thread."""
+        """Apply `threads()` (or `torch_threads`) to the calling thread: OpenMP's thread
+        count is per calling thread, and anyio may run each call on another worker thread."""
         import torch
 
-        if self.config.torch_threads and torch.get_num_threads() != self.config.torch_threads:
-            torch.set_num_threads(self.config.torch_threads)
+        wanted = self.config.torch_threads if self.threads is None else self.threads()
+        if wanted and torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+
+    def _follow_threads(self, model: Any) -> None:
+        """`_set_threads` before each forward pass of `model` (so within an update too)."""
+        model.register_forward_pre_hook(lambda *_: self._set_threads())
 
     def _restore(self, saved: SavedCheckpoint) -> None:
         import torch

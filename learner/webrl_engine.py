@@ -108,6 +108,7 @@ class WebRLEngine(Engine):
 
         base = AutoModelForCausalLM.from_pretrained(self.base_model, dtype=torch.float32)
         critic = Critic(attach_lora(base, self.config).to(self._device), seed=self.config.seed)
+        self._follow_threads(critic.model)
         self.critic = critic
         self._critic_optimizer = torch.optim.AdamW(
             critic.parameters(), lr=self.webrl.critic_learning_rate

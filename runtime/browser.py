@@ -142,10 +142,15 @@ class BrowserPool:
         except AllowlistError:
             log.warning("browser.deny_ignored", url=url)
 
+    @property
+    def contexts_open(self) -> int:
+        """Contexts open now (a counter: safe to read from any thread)."""
+        return int(self._limiter.borrowed_tokens)
+
     def statistics(self) -> PoolStatistics:
         limiter = self._limiter.statistics()
         return PoolStatistics(
-            contexts_open=limiter.borrowed_tokens,
+            contexts_open=self.contexts_open,
             contexts_waiting=limiter.tasks_waiting,
             max_contexts=self.config.max_contexts,
             launches=self._launches,

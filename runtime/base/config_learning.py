@@ -105,6 +105,9 @@ class LearnerConfig(Section, frozen=True):
     # torch intra-op threads of the learner (0: torch's default, one per core). The learner
     # shares the CPU with vLLM and Chromium: 1 thread (see bc.torch_threads).
     torch_threads: NonNegative = 1
+    # torch threads while no episode runs (the rollouts wait for the learner, or none is
+    # left to run): 0, one per core. Set to torch_threads to keep one count.
+    idle_threads: NonNegative = 0
     # Complete checkpoints kept on disk (the newest ones).
     keep_checkpoints: Positive = 2
     # Published adapter folders kept on disk (the newest; 0 keeps all). Never fewer than
