@@ -316,8 +316,8 @@ class SchedulerConfig(Section, frozen=True):
     # more than `learner.max_staleness` versions after the version that made it is set
     # aside as stale, and while the learner is the bottleneck such rollouts only take the
     # CPU from it (`Learner.admits`). Off: up to `max_groups_in_flight` whatever the learner.
-    # WebRL from a first run's model, 28 minutes, 2-core Xeon (docs/model.md): off, 44 groups rolled
-    # out, 12 trained, 21 stale; on (with idle_threads), 20 rolled out, 16 trained, 0 stale.
+    # WebRL from a first run's model, 28 minutes, 2-core Xeon (docs/model.md): off, 44
+    # groups rolled out, 12 trained, 21 stale; on (with idle_threads), 20, 16 and 0.
     only_fresh_groups: bool = True
     seed: int = 0
     # Bounds on one policy call and on a task's evaluators (the episode ends with

@@ -107,8 +107,8 @@ class LearnerConfig(Section, frozen=True):
     torch_threads: NonNegative = 1
     # torch threads while no episode runs (the rollouts wait for the learner, or none is
     # left to run): 0, one per core. Set to torch_threads to keep one count. WebRL's phase
-    # on a 2-core Xeon with AMX, with scheduler.only_fresh_groups: a median 158 s with 0 against
-    # 221 s with 1 (docs/model.md).
+    # on a 2-core Xeon with AMX, with scheduler.only_fresh_groups: a median 158 s with 0
+    # against 221 s with 1 (docs/model.md).
     idle_threads: NonNegative = 0
     # Complete checkpoints kept on disk (the newest ones).
     keep_checkpoints: Positive = 2
