@@ -9,7 +9,8 @@ Layout of the learner's folder::
         optimizer.pt           AdamW state
         scheduler.pt           lr schedule position
         rng.pt                 torch RNG states (CPU and CUDA: LoRA dropout)
-        state.json             `LearnerState` (version, step, ledger), written LAST
+        state.json             `LearnerState` (version, step, ledger, the algorithm that
+                               wrote it), written LAST
     consumed.jsonl             journal: one line per group id taken from the stream
 
 A checkpoint is written into `checkpoints/.v000017.tmp-*`, every file fsynced, `state.json`
@@ -82,6 +83,9 @@ class LearnerState(msgspec.Struct, kw_only=True):
     adapter_prefix: str = "policy"
     ledger: Ledger = msgspec.field(default_factory=Ledger)
     created_at: float = 0.0
+    # The learner that wrote it (`learner.algorithm`): "mgrpo" or "webrl"; "" in the
+    # checkpoints written before it was recorded.
+    algorithm: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
 
@@ -212,6 +212,8 @@ class UpdateResult:
 class Engine:
     """Model, adapter, optimizer and checkpoints of one learner folder."""
 
+    algorithm: ClassVar[str] = "mgrpo"  # recorded in every checkpoint (`LearnerState`)
+
     def __init__(
         self,
         config: LearnerConfig,
@@ -294,6 +296,7 @@ class Engine:
                 base_fingerprint=fingerprint,
                 adapter_prefix=self.prefix,
                 created_at=time.time(),
+                algorithm=self.algorithm,
             )
             if self._writes:
                 self._save_adapter()
@@ -347,6 +350,14 @@ class Engine:
             self._restore_extra(saved)
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"{saved.path}: cannot restore ({exc})") from exc
+        written_by = saved.state.algorithm
+        if written_by and written_by != self.algorithm:
+            log.info(
+                "learner.algorithm_switched",
+                checkpoint=str(saved.path),
+                written_by=written_by,
+                now=self.algorithm,
+            )
         torch.set_rng_state(rng["torch"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
@@ -506,6 +517,7 @@ class Engine:
             adapter_prefix=previous.adapter_prefix,
             ledger=ledger,
             created_at=time.time(),
+            algorithm=self.algorithm,
         )
         saving = time.perf_counter()
         path = self.adapter_path(version)

@@ -22,9 +22,9 @@ adapters and checkpoints) with a critic and a replay buffer beside it. One phase
 5. the phase's successful episodes join the buffer (the newest `replay_size` kept);
    version + 1: adapter, then the checkpoint, which holds the critic (LoRA, head,
    optimizer) and the buffer besides the policy's state, so a restart resumes all of it.
-   A checkpoint with none of those files (M-GRPO wrote it: a run switched to WebRL)
-   resumes the policy and starts a fresh critic and an empty buffer; one with some but
-   not all of them is refused.
+   A checkpoint M-GRPO wrote (`LearnerState.algorithm`; before that was recorded: one with
+   none of those files) resumes the policy and starts a fresh critic and an empty buffer;
+   a WebRL checkpoint missing any of them is refused.
 
 `task_values(prompts)` gives the critic's V(s_0, I) of new tasks' first prompts (the
 curriculum's filter, `runtime.evolution`). Everything runs in the learner's one worker
@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import structlog
@@ -76,6 +76,8 @@ class _Stored(msgspec.Struct, frozen=True):
 
 class WebRLEngine(Engine):
     """The policy (as `Engine`), a critic, and a buffer of successful episodes."""
+
+    algorithm: ClassVar[str] = "webrl"
 
     def __init__(
         self,
@@ -139,7 +141,9 @@ class WebRLEngine(Engine):
         critic = self._require_critic()
         folder = saved.path
         missing = [name for name in _EXTRA_FILES if not (folder / name).is_file()]
-        if len(missing) == len(_EXTRA_FILES):
+        written_by = saved.state.algorithm  # "": written before it was recorded
+        all_missing = len(missing) == len(_EXTRA_FILES)
+        if written_by not in ("", "webrl") or (not written_by and all_missing):
             log.info(  # an M-GRPO run's checkpoint: the critic and the buffer start anew
                 "webrl.fresh_critic", checkpoint=str(folder), version=saved.state.version
             )

@@ -11,10 +11,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from learner.checkpoint import latest_checkpoint
+from learner.checkpoint import STATE_FILE, latest_checkpoint
 from learner.errors import CheckpointError
 from learner.trainer import Learner
-from learner.webrl_engine import CRITIC_HEAD, REPLAY_FILE
+from learner.webrl_engine import CRITIC_HEAD, CRITIC_LORA, CRITIC_OPTIMIZER, REPLAY_FILE
 from runtime.base.config import LearnerConfig, WebRLConfig
 from runtime.base.messages import TrajectoryGroup, UpdateApplied
 from tests.learner.test_trainer import Recorder, feed, start_only
@@ -148,8 +148,9 @@ async def test_a_restart_resumes_the_critic_and_the_buffer(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-recording"])
 async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_critic(
-    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup, recorded: bool
 ) -> None:
     untrained = await _untrained_values(tmp_path / "fresh", tiny_model_dir)
 
@@ -162,7 +163,13 @@ async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_cri
     await feed(mgrpo, [_group(make_group, 31, "a", [1, 0]), _group(make_group, 32, "b", [0, 1])])
     saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert saved is not None and saved.state.version == 1
+    assert saved.state.algorithm == "mgrpo"
     assert not (saved.path / REPLAY_FILE).exists()
+    if not recorded:  # a checkpoint written before the algorithm was recorded
+        state = saved.path / STATE_FILE
+        fields = msgspec.json.decode(state.read_bytes())
+        del fields["algorithm"]
+        state.write_bytes(msgspec.json.encode(fields))
 
     rec = Recorder()
     switched = _learner(tmp_path / "run", tiny_model_dir, rec)
@@ -177,10 +184,15 @@ async def test_a_run_switched_from_mgrpo_keeps_its_policy_and_starts_a_fresh_cri
     await feed(again, [_group(make_group, 33, "c", [1, 1]), _group(make_group, 34, "d", [0, 0])])
     saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert saved is not None and saved.state.version == 2
+    assert saved.state.algorithm == "webrl"
     assert len((saved.path / REPLAY_FILE).read_bytes().splitlines()) == 2
 
     (saved.path / CRITIC_HEAD).unlink()  # a WebRL checkpoint with part of it gone
     with pytest.raises(CheckpointError, match=r"critic_head\.pt missing"):
+        await start_only(_learner(tmp_path / "run", tiny_model_dir, Recorder()))
+    for name in (CRITIC_LORA, CRITIC_OPTIMIZER, REPLAY_FILE):  # all of it: refused too,
+        (saved.path / name).unlink()  # not mistaken for an M-GRPO checkpoint
+    with pytest.raises(CheckpointError, match=r"critic_lora\.safetensors, .* missing"):
         await start_only(_learner(tmp_path / "run", tiny_model_dir, Recorder()))
 
 
