@@ -142,8 +142,8 @@ class WebRLEngine(Engine):
         folder = saved.path
         missing = [name for name in _EXTRA_FILES if not (folder / name).is_file()]
         written_by = saved.state.algorithm  # "": written before it was recorded
-        all_missing = len(missing) == len(_EXTRA_FILES)
-        if written_by not in ("", "webrl") or (not written_by and all_missing):
+        from_mgrpo = written_by != "webrl" if written_by else len(missing) == len(_EXTRA_FILES)
+        if from_mgrpo:
             log.info(  # an M-GRPO run's checkpoint: the critic and the buffer start anew
                 "webrl.fresh_critic", checkpoint=str(folder), version=saved.state.version
             )
