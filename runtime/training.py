@@ -237,8 +237,8 @@ class Training:
         scheduler, pool = self.scheduler, self._pool
         if scheduler is None or pool is None:
             return learner.torch_threads or cores
-        running = scheduler.rollout.stats.episodes_running + pool.contexts_open
-        return (learner.torch_threads if running else learner.idle_threads) or cores
+        busy = scheduler.rollout.stats.episodes_running > 0 or pool.contexts_open > 0
+        return (learner.torch_threads if busy else learner.idle_threads) or cores
 
     async def drain(self, timeout_s: float) -> None:
         """No new groups; those in flight finish, or end `interrupted` after `timeout_s`."""
