@@ -1,6 +1,7 @@
 """What `bench.learning` reads from its runs and how it compares arms: success over seeds
 (`success_stats`), two arms task by task (`paired_difference`, from each task's rate in a
-`webagent eval` results file, `task_rates`), the learning curves of a daemon's events
+`webagent eval` results file, `task_rates`; its error with tasks grouped by template,
+`clustered_se`, `task_templates`), the learning curves of a daemon's events
 (`curves`), and the files it reads them from (`read_jsonl`, `newest_adapter`). Pure: no
 process, no network.
 """
@@ -18,12 +19,14 @@ from typing import Any
 from runtime.base.messages import EVALUATED_STATUSES
 
 __all__ = [
+    "clustered_se",
     "curves",
     "newest_adapter",
     "paired_difference",
     "read_jsonl",
     "success_stats",
     "task_rates",
+    "task_templates",
 ]
 
 _ADAPTER = re.compile(r"@v(\d+)$")
@@ -64,6 +67,40 @@ def paired_difference(
     tail = sum(math.comb(split, k) for k in range(min(only_a, only_b) + 1)) / 2**split
     return {"tasks": n, "difference": mean, "se": se, "only_a": only_a, "only_b": only_b,
             "sign_p": min(1.0, 2 * tail)}  # fmt: skip
+
+
+def clustered_se(
+    a: Mapping[Any, float], b: Mapping[Any, float], cluster_of: Mapping[Any, Any]
+) -> dict[str, Any]:
+    """The standard error of `paired_difference`'s mean with the tasks grouped by
+    `cluster_of` (a task -> its template), over the tasks both arms ran and the map names.
+
+    Greedy success moves template by template (a policy that learns or forgets a template
+    wins or loses all its tasks at once), so tasks of one template are not independent
+    draws: the error is sqrt(C/(C-1) * sum over clusters of (sum of d - mean)^2) / n, the
+    cluster-robust form with its small-sample factor, over C clusters of n tasks. With one
+    task a cluster it is `paired_difference`'s error."""
+    keys = [k for k in sorted(set(a) & set(b)) if k in cluster_of]
+    n = len(keys)
+    if n == 0:
+        return {"tasks": 0, "clusters": 0, "se": float("nan")}
+    mean = sum(a[k] - b[k] for k in keys) / n
+    sums: dict[Any, float] = {}
+    for k in keys:
+        sums[cluster_of[k]] = sums.get(cluster_of[k], 0.0) + a[k] - b[k] - mean
+    c = len(sums)
+    se = math.sqrt(c / (c - 1) * sum(v * v for v in sums.values())) / n if c >= 2 else float("nan")
+    return {"tasks": n, "clusters": c, "se": se}
+
+
+def task_templates(results: Path) -> dict[int, int | str]:
+    """task_id -> its template, for the lines of a `webagent eval` results.jsonl that name
+    one (`intent_template_id`; older results do not)."""
+    return {
+        int(row["task_id"]): row["intent_template_id"]
+        for row in read_jsonl(results)
+        if row.get("intent_template_id") is not None
+    }
 
 
 def task_rates(results: Path) -> dict[int, float]:

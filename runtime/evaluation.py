@@ -106,6 +106,9 @@ class TaskResult(msgspec.Struct, frozen=True, kw_only=True):
     # How the episodes got their sites (WebArena: the instance pool's policy and cost).
     environment: dict[str, Any] = {}
     unjudged: int = 0
+    # The task's template (`TaskConfig.intent_template_id`), where it has one: greedy success
+    # moves template by template, so comparisons group by it (`bench.compare`).
+    intent_template_id: int | str | None = None
 
 
 class Cell(msgspec.Struct, frozen=True, kw_only=True):
@@ -179,6 +182,7 @@ def task_result(
     successes = sum(1 for e in episodes if e.reward > 0 and not e.unjudged)
     unjudged = sum(1 for e in episodes if e.unjudged)
     judged = len(episodes) - unjudged
+    template = task.intent_template_id
     return TaskResult(
         task_id=task.task_id,
         intent=task.intent,
@@ -190,6 +194,7 @@ def task_result(
         success_rate=successes / judged if judged else 0.0,
         environment=environment or {},
         unjudged=unjudged,
+        intent_template_id=template if isinstance(template, int | str) else None,
     )
 
 

@@ -212,6 +212,23 @@ def test_paired_difference_counts_tasks_only_one_arm_solved() -> None:
     assert learning_stats.paired_difference({}, {})["tasks"] == 0
 
 
+def test_clustered_se_groups_tasks_and_is_the_paired_error_with_one_task_a_cluster() -> None:
+    a = {1: 1.0, 2: 0.0, 3: 1.0, 4: 1.0, 5: 1.0}
+    b = {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 5: 1.0}
+    singles = learning_stats.clustered_se(a, b, {k: k for k in a})
+    paired = learning_stats.paired_difference({(0, k): v for k, v in a.items()},
+                                              {(0, k): v for k, v in b.items()})  # fmt: skip
+    assert singles["clusters"] == 5
+    assert singles["se"] == pytest.approx(paired["se"])
+    # Tasks 1, 3, 4 of one template (all +1), 2 and 5 of another (0): mean 0.6,
+    # residual sums 3 * 0.4 = 1.2 and 2 * -0.6 = -1.2: sqrt(2 * 2.88) / 5.
+    grouped = learning_stats.clustered_se(a, b, {1: "x", 3: "x", 4: "x", 2: "y", 5: "y"})
+    assert grouped["se"] == pytest.approx(math.sqrt(2 * 2.88) / 5) and grouped["clusters"] == 2
+    # Only tasks both arms ran and the map names count; one cluster has no error.
+    assert learning_stats.clustered_se(a, b, {1: "x", 9: "y"})["tasks"] == 1
+    assert math.isnan(learning_stats.clustered_se(a, b, {1: "x", 3: "x"})["se"])
+
+
 def _episode(reward: float, status: str = "exited", unjudged: bool = False) -> dict[str, object]:
     return {"status": status, "reward": reward, "unjudged": unjudged}
 

@@ -215,6 +215,10 @@ def test_unjudged_episodes_are_counted_apart_not_as_failures() -> None:
     result = task_result(task, group)
     assert (result.successes, result.unjudged, result.success_rate) == (1, 1, 0.5)
     assert [e.unjudged for e in result.episodes] == [False, False, True]
+    # The template goes with the line where the task names one (comparisons group by it).
+    assert result.intent_template_id is None
+    templated = msgspec.structs.replace(task, intent_template_id=412)
+    assert task_result(templated, group).intent_template_id == 412
     table = score_table([result])
     assert (table["GitLab"].judged, table["GitLab"].rate, table["Avg."].unjudged) == (2, 0.5, 1)
     report = EvalReport(

@@ -1,0 +1,129 @@
+"""Evaluations of the same tasks, compared task by task against the first.
+
+    .venv/bin/python -m bench.compare [NAME=]BASE [NAME=]RUN ... [--ids] [--builtin-seed N]
+
+Each argument is the `--out` folder of a `webagent eval` (or its `results.jsonl`), named
+by NAME or else by the folder. The first is the base. Per run: the tasks it scored, how
+many it solved (a task's success is its share of scored episodes, `task_rates`: an
+infrastructure error or an unjudged episode is left out, not counted as a failure), and,
+over the tasks both it and the base scored, the paired difference in points with its
+standard error, the tasks only one of the two solved and the sign test's p-value
+(`paired_difference`).
+
+Greedy success moves template by template: a policy that learns or forgets a template
+wins or loses most of its tasks at once, so the tasks of one template are not independent
+and the paired error understates the uncertainty. Where the results name each task's
+template (`intent_template_id`, written by `webagent eval`), the table adds the error with
+the tasks grouped by template (`clustered_se`); for results written before that, on the
+built-in sites, `--builtin-seed N` takes the templates from the suite of sites' seed N.
+`--ids` lists the task ids each run gained and lost against the base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.common import format_table
+from bench.learning_stats import clustered_se, paired_difference, task_rates, task_templates
+
+HEADERS = ("run", "scored", "solved", "success %", "paired", "vs base (points)",
+           "± by template", "only run", "only base", "sign p")  # fmt: skip
+
+
+def _results(spec: str) -> tuple[str, Path]:
+    """NAME=PATH or PATH -> (name, results.jsonl); a missing file is an error naming it."""
+    name, sep, path_text = spec.partition("=")
+    path = Path(path_text if sep else spec)
+    if not sep:
+        name = path.stem if path.suffix == ".jsonl" else path.name
+    results = path if path.suffix == ".jsonl" else path / "results.jsonl"
+    if not results.is_file():
+        raise argparse.ArgumentTypeError(f"{spec}: no {results} (a `webagent eval --out` folder?)")
+    return name, results
+
+
+def builtin_templates(seed: int) -> dict[int, int | str]:
+    """task_id -> `intent_template_id` of every task of the built-in suite of sites' seed
+    `seed` (what `webagent eval` now writes on each line)."""
+    from sites.builtin.suite import generate_suite
+
+    return {
+        task.task_id: task.intent_template_id
+        for tasks in generate_suite(seed).values()
+        for task in tasks
+        if isinstance(task.intent_template_id, int | str)
+    }
+
+
+def compare(
+    runs: list[tuple[str, Path]], templates: dict[int, int | str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per run: its own figures (`scored`, `solved`, `success`) and its paired
+    difference against the first run over the `tasks` both scored, with `template_se` over
+    the tasks whose template is known (the results' own, else `templates`)."""
+    known = dict(templates or {})
+    for _, path in runs:
+        known.update(task_templates(path))
+    rates = [(name, task_rates(path)) for name, path in runs]
+    base_name, base = rates[0]
+    base_solved = {task for task, r in base.items() if r > 0}
+    rows = []
+    for name, rate in rates:
+        solved = {task for task, r in rate.items() if r > 0}
+        shared = set(rate) & set(base)
+        a, b = {t: rate[t] for t in shared}, {t: base[t] for t in shared}
+        pair = paired_difference(
+            {(0, t): v for t, v in a.items()}, {(0, t): v for t, v in b.items()}
+        )
+        grouped = clustered_se(a, b, known)
+        rows.append({
+            "run": name, "scored": len(rate), "solved": len(solved),
+            "success": len(solved) / len(rate) if rate else float("nan"),
+            "base": base_name, **pair,
+            "template_se": grouped["se"] if grouped["tasks"] == len(shared) else float("nan"),
+            "templates": grouped["clusters"],
+            "gained": sorted((solved - base_solved) & shared),
+            "lost": sorted((base_solved - solved) & shared),
+        })  # fmt: skip
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> list[list[object]]:
+    out: list[list[object]] = []
+    for k, r in enumerate(rows):
+        versus = "base" if k == 0 else f"{100 * r['difference']:+.1f} ± {100 * r['se']:.1f}"
+        grouped = "n/a" if r["template_se"] != r["template_se"] else f"{100 * r['template_se']:.1f}"
+        out.append([r["run"], r["scored"], r["solved"], 100 * r["success"], r["tasks"], versus,
+                    "-" if k == 0 else grouped, r["only_a"], r["only_b"], r["sign_p"]])  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=(__doc__ or "").split("\n\n")[0]
+    )
+    parser.add_argument("runs", nargs="+", metavar="[NAME=]RUN", help="the base first")
+    parser.add_argument("--ids", action="store_true", help="list the task ids gained and lost")
+    parser.add_argument(
+        "--builtin-seed", type=int, metavar="N", help="templates: the built-in suite of seed N"
+    )
+    args = parser.parse_args(argv)
+    try:
+        runs = [_results(spec) for spec in args.runs]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    templates = builtin_templates(args.builtin_seed) if args.builtin_seed is not None else None
+    rows = compare(runs, templates)
+    title = f"{len(rows)} evaluations against {rows[0]['run']}, task by task"
+    print(format_table(HEADERS, _table(rows), title=title))
+    if args.ids:
+        for r in rows[1:]:
+            print(f"{r['run']}: gained {r['gained']} lost {r['lost']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""bench/compare.py: evaluations compared task by task against the first."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import compare
+
+
+def _eval(folder: Path, outcomes: dict[int, str], templates: dict[int, int] | None = None) -> Path:
+    """A `webagent eval --out` folder: task id -> "won", "lost" or "error" (a policy
+    timeout, which says nothing of the policy); `templates` names the lines' templates."""
+    folder.mkdir()
+    episode = {
+        "won": {"status": "exited", "reward": 1.0, "unjudged": False},
+        "lost": {"status": "exited", "reward": 0.0, "unjudged": False},
+        "error": {"status": "error:policy", "reward": 0.0, "unjudged": False},
+    }
+    rows = [
+        {"task_id": t, "episodes": [episode[o]], "intent_template_id": (templates or {}).get(t)}
+        for t, o in outcomes.items()
+    ]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_runs_are_paired_with_the_base_on_the_tasks_both_scored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _eval(tmp_path / "bc", {1: "won", 2: "won", 3: "lost", 4: "lost", 5: "lost"})
+    # Gains 3 and 4, loses 1; task 5 timed out (left out of the pair); task 6 the base never ran.
+    rl = _eval(tmp_path / "rl", {1: "lost", 2: "won", 3: "won", 4: "won", 5: "error", 6: "won"})
+    rows = compare.compare([compare._results(str(base)), compare._results(f"arm={rl}")])
+    assert [r["run"] for r in rows] == ["bc", "arm"]
+    first, arm = rows
+    assert (first["difference"], first["only_a"], first["only_b"]) == (0.0, 0, 0)
+    assert (arm["scored"], arm["solved"], arm["tasks"]) == (5, 4, 4)  # 6 scored, not paired
+    assert math.isnan(arm["template_se"])
+    # Paired over tasks 1-4: differences -1, 0, +1, +1.
+    assert arm["difference"] == pytest.approx(0.25)
+    assert arm["se"] == pytest.approx(math.sqrt(11 / 12) / 2)  # sample variance 11/12, n 4
+    assert (arm["only_a"], arm["only_b"], arm["gained"], arm["lost"]) == (2, 1, [3, 4], [1])
+    assert compare.main([str(base), f"arm={rl}", "--ids"]) == 0
+    printed = capsys.readouterr().out
+    assert "+25.0 ± 47.9" in printed and "arm: gained [3, 4] lost [1]" in printed
+
+
+def test_a_folder_without_results_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _eval(tmp_path / "bc", {1: "won"})
+    with pytest.raises(SystemExit) as exit_:
+        compare.main([str(base), str(tmp_path / "missing")])
+    assert exit_.value.code == 2
+    assert f"no {tmp_path / 'missing' / 'results.jsonl'}" in capsys.readouterr().err
