@@ -40,8 +40,10 @@ episodes with its binomial standard error, and the standard error of the per-see
 Every arm runs the same tasks of the same worlds, so pairs of arms (`PAIRS`) are also
 compared task by task (`paired_difference`: the mean difference, its standard error, the
 tasks only one solved and the sign test), which separates two arms with far fewer tasks
-than their two independent errors would need. Episodes that ended in an infrastructure
-error (`error:*`, `interrupted`) or were not judged are left out of a task's rate there.
+than their two independent errors would need; greedy success moves template by template,
+so the error with the tasks grouped by template (`clustered_se`) is given beside it.
+Episodes that ended in an infrastructure error (`error:*`, `interrupted`) or were not
+judged are left out of a task's rate there.
 
 Curves of (b) and (c) from each run's metrics.jsonl, per update: mean reward and fraction
 of groups with mixed rewards (groups finished since the previous update), the update's
@@ -91,9 +93,11 @@ from bench.learning_stages import (
     with_server,
 )
 from bench.learning_stats import (
+    clustered_se,
     paired_difference,
     success_stats,
     task_rates,
+    task_templates,
 )
 from runtime.base.config import Config
 
@@ -462,19 +466,28 @@ def _estimate(exp: _Experiment) -> float:
 
 def _paired(exp: _Experiment) -> list[dict[str, Any]]:
     """`paired_difference` of each pair in PAIRS that both ran, per split, over every
-    seed's headline evaluation (the same tasks of the same worlds)."""
+    seed's headline evaluation (the same tasks of the same worlds), and its error with the
+    tasks grouped by template across seeds (`template_se`: NaN where a result names none)."""
     rates: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
+    templates: dict[tuple[int, int], int | str] = {}
     for arm in exp.args.arms:
         for e in exp.evals[arm]:
             cell = rates.setdefault((arm, e["split"]), {})
-            for task, rate in task_rates(Path(e["out"]) / "results.jsonl").items():
+            results = Path(e["out"]) / "results.jsonl"
+            for task, rate in task_rates(results).items():
                 cell[(e["seed"], task)] = rate
-    return [
-        {"a": a, "b": b, "split": split, **paired_difference(rates[(a, split)], rates[(b, split)])}
-        for a, b in PAIRS
-        for split in ("test", "ood")
-        if (a, split) in rates and (b, split) in rates
-    ]
+            for task, template in task_templates(results).items():
+                templates[(e["seed"], task)] = template
+    pairs = []
+    for a, b in PAIRS:
+        for split in ("test", "ood"):
+            if (a, split) not in rates or (b, split) not in rates:
+                continue
+            pair = paired_difference(rates[(a, split)], rates[(b, split)])
+            grouped = clustered_se(rates[(a, split)], rates[(b, split)], templates)
+            se = grouped["se"] if grouped["tasks"] == pair["tasks"] else float("nan")
+            pairs.append({"a": a, "b": b, "split": split, **pair, "template_se": se})
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -552,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         *(
             f"paired, {c['split']}: {c['a']} - {c['b']} = {100 * c['difference']:+.1f} points "
-            f"± {100 * c['se']:.1f} over {c['tasks']} tasks (solved by only one: "
+            f"± {100 * c['se']:.1f} (± {100 * c['template_se']:.1f} by template) over "
+            f"{c['tasks']} tasks (solved by only one: "
             f"{c['only_a']} vs {c['only_b']}; sign test p = {c['sign_p']:.2f})"
             for c in paired
         ),

@@ -256,7 +256,8 @@ def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
         folder = tmp_path / name
         folder.mkdir()
         (folder / "results.jsonl").write_text("".join(
-            json.dumps({"task_id": t, "episodes": [_episode(float(s))]}) + "\n"
+            json.dumps({"task_id": t, "episodes": [_episode(float(s))],
+                        "intent_template_id": 100 + t % 2}) + "\n"
             for t, s in solved.items()
         ))  # fmt: skip
         return str(folder)
@@ -273,6 +274,13 @@ def test_paired_pairs_the_arms_that_ran_per_split(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert (got[0]["only_a"], got[0]["difference"]) == (2, pytest.approx(2 / 3))
     assert (got[1]["tasks"], got[1]["difference"]) == (1, 0.0)
+    # Tasks 1 and 3 of template 101 (differences 1, 0), task 2 of 100 (1); mean 2/3, so the
+    # residual sums are -1/3 and +1/3.
+    expected = learning_stats.clustered_se({1: 1.0, 2: 1.0, 3: 1.0}, {1: 0.0, 2: 0.0, 3: 1.0},
+                                           {1: 101, 3: 101, 2: 100})  # fmt: skip
+    assert got[0]["template_se"] == pytest.approx(expected["se"])
+    assert expected["se"] == pytest.approx(math.sqrt(2 * 2 * (1 / 3) ** 2) / 3)
+    assert math.isnan(got[1]["template_se"])  # one template: no error
 
 
 def test_reused_run_reads_an_earlier_arm(tmp_path: Path) -> None:
