@@ -22,6 +22,7 @@ built-in sites, `--builtin-seed N` takes the templates from the suite of sites' 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ def builtin_templates(seed: int) -> dict[int, int | str]:
 def compare(
     runs: list[tuple[str, Path]], templates: dict[int, int | str] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per run: its own figures (`scored`, `solved`, `success`) and its paired
-    difference against the first run over the `tasks` both scored, with `template_se` over
-    the tasks whose template is known (the results' own, else `templates`)."""
+    """One row per run: its own figures (`scored` tasks, `solved`: those with a success,
+    `success`: the mean of the tasks' rates) and its paired difference against the first
+    run over the `tasks` both scored, with `template_se` where the template of every one of
+    them is known (the results' own, else `templates`)."""
     known = dict(templates or {})
     for _, path in runs:
         known.update(task_templates(path))
@@ -81,7 +83,7 @@ def compare(
         grouped = clustered_se(a, b, known)
         rows.append({
             "run": name, "scored": len(rate), "solved": len(solved),
-            "success": len(solved) / len(rate) if rate else float("nan"),
+            "success": sum(rate.values()) / len(rate) if rate else float("nan"),
             "base": base_name, **pair,
             "template_se": grouped["se"] if grouped["tasks"] == len(shared) else float("nan"),
             "templates": grouped["clusters"],
@@ -95,7 +97,7 @@ def _table(rows: list[dict[str, Any]]) -> list[list[object]]:
     out: list[list[object]] = []
     for k, r in enumerate(rows):
         versus = "base" if k == 0 else f"{100 * r['difference']:+.1f} ± {100 * r['se']:.1f}"
-        grouped = "n/a" if r["template_se"] != r["template_se"] else f"{100 * r['template_se']:.1f}"
+        grouped = "n/a" if math.isnan(r["template_se"]) else f"{100 * r['template_se']:.1f}"
         out.append([r["run"], r["scored"], r["solved"], 100 * r["success"], r["tasks"], versus,
                     "-" if k == 0 else grouped, r["only_a"], r["only_b"], r["sign_p"]])  # fmt: skip
     return out

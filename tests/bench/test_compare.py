@@ -57,3 +57,14 @@ def test_a_folder_without_results_is_named(
         compare.main([str(base), str(tmp_path / "missing")])
     assert exit_.value.code == 2
     assert f"no {tmp_path / 'missing' / 'results.jsonl'}" in capsys.readouterr().err
+
+
+def test_success_is_the_mean_of_the_tasks_rates(tmp_path: Path) -> None:
+    folder = tmp_path / "sampled"
+    folder.mkdir()
+    won = {"status": "exited", "reward": 1.0, "unjudged": False}
+    lost = {"status": "exited", "reward": 0.0, "unjudged": False}
+    rows = [{"task_id": 1, "episodes": [won, lost, lost, lost]}, {"task_id": 2, "episodes": [won]}]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    row = compare.compare([compare._results(str(folder))])[0]
+    assert (row["solved"], row["success"]) == (2, pytest.approx((0.25 + 1.0) / 2))
