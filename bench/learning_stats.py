@@ -76,7 +76,7 @@ def clustered_se(
     `cluster_of` (a task -> its template), over the tasks both arms ran and the map names.
 
     Greedy success moves template by template (a policy that learns or forgets a template
-    wins or loses all its tasks at once), so tasks of one template are not independent
+    wins or loses most of its tasks at once), so tasks of one template are not independent
     draws: the error is sqrt(C/(C-1) * sum over clusters of (sum of d - mean)^2) / n, the
     cluster-robust form with its small-sample factor, over C clusters of n tasks. With one
     task a cluster it is `paired_difference`'s error."""
