@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import format_table
-from bench.learning_stats import clustered_se, paired_difference, task_rates, task_templates
+from bench.learning_stats import paired_difference, task_rates, task_templates
 
 HEADERS = ("run", "scored", "solved", "success %", "paired", "vs base (points)",
            "± by template", "only run", "only base", "sign p")  # fmt: skip
@@ -76,17 +76,15 @@ def compare(
     for name, rate in rates:
         solved = {task for task, r in rate.items() if r > 0}
         shared = set(rate) & set(base)
-        a, b = {t: rate[t] for t in shared}, {t: base[t] for t in shared}
         pair = paired_difference(
-            {(0, t): v for t, v in a.items()}, {(0, t): v for t, v in b.items()}
+            {(0, t): rate[t] for t in shared},
+            {(0, t): base[t] for t in shared},
+            {(0, t): template for t, template in known.items()},
         )
-        grouped = clustered_se(a, b, known)
         rows.append({
             "run": name, "scored": len(rate), "solved": len(solved),
             "success": sum(rate.values()) / len(rate) if rate else float("nan"),
             "base": base_name, **pair,
-            "template_se": grouped["se"] if grouped["tasks"] == len(shared) else float("nan"),
-            "templates": grouped["clusters"],
             "gained": sorted((solved - base_solved) & shared),
             "lost": sorted((base_solved - solved) & shared),
         })  # fmt: skip

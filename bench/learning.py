@@ -93,7 +93,6 @@ from bench.learning_stages import (
     with_server,
 )
 from bench.learning_stats import (
-    clustered_se,
     paired_difference,
     success_stats,
     task_rates,
@@ -483,10 +482,8 @@ def _paired(exp: _Experiment) -> list[dict[str, Any]]:
         for split in ("test", "ood"):
             if (a, split) not in rates or (b, split) not in rates:
                 continue
-            pair = paired_difference(rates[(a, split)], rates[(b, split)])
-            grouped = clustered_se(rates[(a, split)], rates[(b, split)], templates)
-            se = grouped["se"] if grouped["tasks"] == pair["tasks"] else float("nan")
-            pairs.append({"a": a, "b": b, "split": split, **pair, "template_se": se})
+            pair = paired_difference(rates[(a, split)], rates[(b, split)], templates)
+            pairs.append({"a": a, "b": b, "split": split, **pair})
     return pairs
 
 

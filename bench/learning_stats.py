@@ -49,14 +49,18 @@ def success_stats(cells: Sequence[tuple[int, int]]) -> dict[str, Any]:
 
 
 def paired_difference(
-    a: Mapping[tuple[int, int], float], b: Mapping[tuple[int, int], float]
+    a: Mapping[tuple[int, int], float],
+    b: Mapping[tuple[int, int], float],
+    templates: Mapping[tuple[int, int], Any] | None = None,
 ) -> dict[str, Any]:
     """Arm a against arm b on the tasks both were evaluated on: `a` and `b` map
     (seed, task_id) to a task's success rate. The arms ran the same tasks in the same
     worlds, so the per-task differences carry the comparison: their mean, its standard
     error (sample standard deviation / sqrt(tasks)), the tasks only one arm solved, and
     the two-sided sign test's p-value over those (exact binomial, p = 1/2): far tighter
-    than two independent binomial errors when most tasks go the same way for both."""
+    than two independent binomial errors when most tasks go the same way for both.
+    `template_se`: `clustered_se` with the tasks grouped by `templates`, NaN unless it
+    names the template of every shared task."""
     keys = sorted(set(a) & set(b))
     diffs = [a[k] - b[k] for k in keys]
     n = len(diffs)
@@ -65,8 +69,10 @@ def paired_difference(
     se = statistics.stdev(diffs) / math.sqrt(n) if n >= 2 else float("nan")
     split = only_a + only_b
     tail = sum(math.comb(split, k) for k in range(min(only_a, only_b) + 1)) / 2**split
+    grouped = clustered_se(a, b, templates or {})
+    template_se = grouped["se"] if grouped["tasks"] == n else float("nan")
     return {"tasks": n, "difference": mean, "se": se, "only_a": only_a, "only_b": only_b,
-            "sign_p": min(1.0, 2 * tail)}  # fmt: skip
+            "sign_p": min(1.0, 2 * tail), "template_se": template_se}  # fmt: skip
 
 
 def clustered_se(

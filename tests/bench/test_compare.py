@@ -47,6 +47,27 @@ def test_runs_are_paired_with_the_base_on_the_tasks_both_scored(
     assert compare.main([str(base), f"arm={rl}", "--ids"]) == 0
     printed = capsys.readouterr().out
     assert "+25.0 ± 47.9" in printed and "arm: gained [3, 4] lost [1]" in printed
+    assert "n/a" in printed  # no line names its template: no error by template
+
+
+def test_the_error_by_template_groups_the_tasks_of_one_template(tmp_path: Path) -> None:
+    # Tasks 1-2 of template 10, 3-4 of template 20; differences -1, 0 and +1, +1.
+    templates = {1: 10, 2: 10, 3: 20, 4: 20}
+    base = _eval(tmp_path / "bc", {1: "won", 2: "won", 3: "lost", 4: "lost"}, templates)
+    rl = _eval(tmp_path / "rl", {1: "lost", 2: "won", 3: "won", 4: "won"})  # older: no templates
+    arm = compare.compare([compare._results(str(base)), compare._results(str(rl))])[1]
+    # Mean 0.25; residual sums per template -1.5 and +1.5: sqrt(2/1 * 4.5) / 4 tasks.
+    assert arm["template_se"] == pytest.approx(0.75)
+    assert arm["se"] == pytest.approx(math.sqrt(11 / 12) / 2)  # the paired error, as before
+    # A task whose template is unknown leaves the error by template undefined, not partial.
+    five = {1: "won", 2: "won", 3: "lost", 4: "lost", 5: "won"}
+    partial = _eval(tmp_path / "partial", five, templates)
+    rl5 = _eval(tmp_path / "rl5", {1: "lost", 2: "won", 3: "won", 4: "won", 5: "won"})
+    rows = compare.compare([compare._results(str(partial)), compare._results(str(rl5))])
+    assert math.isnan(rows[1]["template_se"])
+    # Templates from the built-in suite for results that name none.
+    suite = compare.builtin_templates(0)
+    assert len(suite) == 219 + 120 + 1427 and all(isinstance(t, int) for t in suite.values())
 
 
 def test_a_folder_without_results_is_named(
