@@ -17,12 +17,19 @@ template (`intent_template_id`, written by `webagent eval`), the table adds the 
 the tasks grouped by template (`clustered_se`); for results written before that, on the
 built-in sites, `--builtin-seed N` takes the templates from the suite of sites' seed N.
 `--ids` lists the task ids each run gained and lost against the base.
+
+RL moves whole templates either way within a few updates, so one trained policy says
+little about its configuration. Runs given the same NAME are seeds of one arm (policies
+trained with different seeds, evaluated on the same tasks): a second table gives each such
+arm its mean success and mean paired difference over the seeds, with the standard error
+over seeds (their standard deviation / sqrt(seeds)), the figure to hold against a target.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,8 @@ from bench.learning_stats import paired_difference, task_rates, task_templates
 
 HEADERS = ("run", "scored", "solved", "success %", "paired", "vs base (points)",
            "± by template", "only run", "only base", "sign p")  # fmt: skip
+SEED_HEADERS = ("arm", "seeds", "success % (mean)", "vs base (points, mean)", "± over seeds",
+                "per seed")  # fmt: skip
 
 
 def _results(spec: str) -> tuple[str, Path]:
@@ -91,6 +100,28 @@ def compare(
     return rows
 
 
+def over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per name that `compare`'s rows after the base hold more than once (seeds
+    of one arm): `success` and `difference` are means over the seeds, `se_seeds` the
+    standard deviation of the seeds' differences / sqrt(seeds), `per_seed` those
+    differences in the order given."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for row in rows[1:]:
+        by_name.setdefault(row["run"], []).append(row)
+    arms = []
+    for name, seeds in by_name.items():
+        if len(seeds) < 2:
+            continue
+        diffs = [r["difference"] for r in seeds]
+        arms.append({
+            "arm": name, "seeds": len(seeds),
+            "success": statistics.fmean(r["success"] for r in seeds),
+            "difference": statistics.fmean(diffs),
+            "se_seeds": statistics.stdev(diffs) / math.sqrt(len(diffs)), "per_seed": diffs,
+        })  # fmt: skip
+    return arms
+
+
 def _table(rows: list[dict[str, Any]]) -> list[list[object]]:
     out: list[list[object]] = []
     for k, r in enumerate(rows):
@@ -119,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = compare(runs, templates)
     title = f"{len(rows)} evaluations against {rows[0]['run']}, task by task"
     print(format_table(HEADERS, _table(rows), title=title))
+    arms = over_seeds(rows)
+    if arms:
+        table = [[a["arm"], a["seeds"], 100 * a["success"], f"{100 * a['difference']:+.1f}",
+                  f"{100 * a['se_seeds']:.1f}", " ".join(f"{100 * d:+.1f}" for d in a["per_seed"])]
+                 for a in arms]  # fmt: skip
+        print(format_table(SEED_HEADERS, table, title=f"seeds of one arm against {rows[0]['run']}"))
     if args.ids:
         for r in rows[1:]:
             print(f"{r['run']}: gained {r['gained']} lost {r['lost']}")

@@ -70,6 +70,28 @@ def test_the_error_by_template_groups_the_tasks_of_one_template(tmp_path: Path) 
     assert len(suite) == 219 + 120 + 1427 and all(isinstance(t, int) for t in suite.values())
 
 
+def test_runs_of_one_name_are_seeds_of_one_arm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _eval(tmp_path / "bc", {1: "won", 2: "lost", 3: "lost", 4: "lost"})
+    # Three seeds of arm "rl": +2, 0 and +1 tasks of 4 (+50, 0, +25 points); "one" is alone.
+    seed1 = _eval(tmp_path / "s1", {1: "won", 2: "won", 3: "won", 4: "lost"})
+    seed2 = _eval(tmp_path / "s2", {1: "won", 2: "lost", 3: "lost", 4: "lost"})
+    seed3 = _eval(tmp_path / "s3", {1: "lost", 2: "won", 3: "won", 4: "lost"})
+    one = _eval(tmp_path / "one", {1: "lost", 2: "lost", 3: "lost", 4: "lost"})
+    specs = [str(base), f"rl={seed1}", f"one={one}", f"rl={seed2}", f"rl={seed3}"]
+    rows = compare.compare([compare._results(spec) for spec in specs])
+    (arm,) = compare.over_seeds(rows)
+    assert (arm["arm"], arm["seeds"], arm["per_seed"]) == ("rl", 3, [0.5, 0.0, 0.25])
+    assert arm["difference"] == pytest.approx(0.25)
+    assert arm["success"] == pytest.approx((0.75 + 0.25 + 0.5) / 3)
+    assert arm["se_seeds"] == pytest.approx(0.25 / math.sqrt(3))  # stdev of the three: 0.25
+    assert compare.main(specs) == 0
+    printed = capsys.readouterr().out
+    assert "seeds of one arm against bc" in printed and "+50.0 +0.0 +25.0" in printed
+    assert compare.over_seeds(rows[:3]) == []  # one run a name: no arm table
+
+
 def test_a_folder_without_results_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
