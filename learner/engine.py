@@ -10,10 +10,13 @@ One update (`Engine.update`):
    policy's own, so an update costs one forward+backward per micro-batch), or recomputed
    by the learner before any step (`recompute_logprobs`; eval mode, no grad);
 3. reference log-probs with the adapter disabled (the base model), only when kl_beta > 0;
+   with `bc_coef` > 0, `bc_turns` demonstrated turns drawn for this update (`bc_draw`);
 4. `optimizer_steps` passes, each of `minibatches` optimizer steps (one: the whole batch):
    zero grads, forward/backward every micro-batch of the step's share (the loss is a
    token sum, so gradients accumulate to the exact gradient of the share; a share's is
-   scaled by the number of shares), clip the grad norm, AdamW step, lr schedule step;
+   scaled by the number of shares), then `bc_coef` x the drawn turns' mean negative
+   log-likelihood (at temperature 1, as BC trains) forward/backward on top, clip the grad
+   norm, AdamW step, lr schedule step;
 5. version += 1: save the adapter atomically, then the checkpoint (learner.checkpoint).
 
 Data parallelism (optional, `data_parallel`: a `learner.distributed.DataParallel`): every
@@ -43,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +66,7 @@ from learner.batch import (
     minibatch_shares,
     policy_logprobs,
 )
+from learner.bc_scoring import bc_samples, completion_logits
 from learner.checkpoint import (
     LearnerState,
     Ledger,
@@ -70,9 +75,10 @@ from learner.checkpoint import (
     remove_orphan_adapters,
     write_checkpoint,
 )
+from learner.demos import BCExample
 from learner.errors import BatchError, CheckpointError
 from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapter
-from learner.loss import group_advantages, mgrpo_loss
+from learner.loss import group_advantages, mgrpo_loss, token_logprobs
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import TrajectoryGroup
 
@@ -224,8 +230,10 @@ class Engine:
         decode: Decode | None = None,
         temperature: float = 1.0,
         data_parallel: DataParallel | None = None,
+        demos: Sequence[BCExample] = (),
     ) -> None:
         self.config = config
+        self.demos = list(demos)  # the BC term's turns (`bc_coef`)
         self.data_parallel = data_parallel
         self._writes = data_parallel is None or data_parallel.writes
         self.temperature = temperature
@@ -245,6 +253,8 @@ class Engine:
         self._pad_id = 0
         if config.mask_think and decode is None:
             raise BatchError("mask_think needs the tokenizer's decode function")
+        if config.bc_coef > 0 and not self.demos:
+            raise BatchError("learner.bc_coef > 0 needs demonstrated turns")
 
     # ------------------------------------------------------------------ opening
 
@@ -438,8 +448,10 @@ class Engine:
         model = self._model
         old = self._old_logprobs(batches)
         ref = self._ref_logprobs(batches) if cfg.kl_beta > 0 else [None] * len(batches)
+        demos = self._bc_batches() if cfg.bc_coef > 0 else []
         model.train()
         sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "ratio_mean", "ref_kl"), 0.0)
+        bc_nll = 0.0
         grad_norm = 0.0
         params = [p for p in model.parameters() if p.requires_grad]
         # Every rank cuts the same number of shares (collectives once a step on each).
@@ -465,6 +477,12 @@ class Engine:
                     (parts.loss * len(shares)).backward()  # type: ignore[no-untyped-call]
                     for key in sums:
                         sums[key] += float(getattr(parts, key).item())
+                for mb in demos:
+                    with self._autocast():
+                        logp = token_logprobs(completion_logits(model, mb), mb.targets)
+                    nll = -(mb.weights * logp).sum()
+                    (cfg.bc_coef * nll).backward()  # type: ignore[no-untyped-call]
+                    bc_nll += float(nll.item())
                 if dp is not None:
                     dp.all_reduce_gradients(params)
                 grad_norm += float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item())
@@ -487,7 +505,21 @@ class Engine:
             reward_mean=sum(rewards) / max(1, len(rewards)),
             train_s=time.perf_counter() - started,
         )
+        if demos:  # the drawn turns' mean NLL per token, over the steps (each saw them all)
+            metrics["bc_nll"] = bc_nll / steps
         return self._commit(groups, set_aside, steps, metrics)
+
+    def bc_draw(self, version: int) -> list[BCExample]:
+        """The `bc_turns` demonstrated turns of the update that makes `version` + 1: drawn
+        by `seed` and version, so a resumed learner draws what it would have drawn."""
+        rng = random.Random(f"{self.config.seed}:{version}")
+        return rng.sample(self.demos, min(self.config.bc_turns, len(self.demos)))
+
+    def _bc_batches(self) -> list[MicroBatch]:
+        assert self.state is not None
+        drawn = bc_samples(self.bc_draw(self.state.version), scoring=False)
+        cut = micro_batches(drawn, self.config.micro_batch_tokens)
+        return [collate(mb, pad_id=self._pad_id).to(self._device) for mb in cut]
 
     def _commit(
         self,

@@ -58,6 +58,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from learner.batch import Decode
 from learner.checkpoint import ConsumedJournal, LearnerState, Ledger, prune_adapters
+from learner.demos import BCExample
 from learner.engine import Engine, UpdateResult
 from learner.errors import CheckpointError, LearnerError, TrainingError
 from learner.ranks import Ranks
@@ -125,6 +126,7 @@ class Learner:
         webrl: WebRLConfig | None = None,
         on_phase: OnPhase | None = None,
         threads: Callable[[], int] | None = None,
+        demos: Sequence[BCExample] = (),
     ) -> None:
         self.config = config
         self.out_dir = Path(out_dir)
@@ -147,6 +149,7 @@ class Learner:
                 adapter_prefix=adapter_prefix,
                 decode=decode,
                 temperature=temperature,
+                demos=demos,
             )
         self._engine.threads = threads  # asked in the learner's thread, before each forward
         self._on_phase = on_phase

@@ -49,6 +49,7 @@ from sites.errors import GeneratorError
 from sites.generate import IntentGenerator
 
 if TYPE_CHECKING:
+    from learner.demos import BCExample
     from learner.trainer import Learner
 
 __all__ = ["Training"]
@@ -112,6 +113,8 @@ class Training:
         webrl = config.learner.algorithm == "webrl"
         from learner.trainer import Learner  # torch: loaded only where training runs
 
+        demos = self._bc_demos(stack) if config.learner.bc_coef > 0 else []
+
         self.learner: Learner = Learner(
             config.learner,
             base_model=model,
@@ -126,7 +129,25 @@ class Training:
             webrl=config.webrl,
             on_phase=self._evolve if webrl else None,
             threads=self._learner_threads,
+            demos=demos,
         )
+
+    def _bc_demos(self, stack: PolicyStack) -> list[BCExample]:
+        """`learner.bc_demos`' successful turns rendered as the episodes render prompts
+        (the BC term of `learner.bc_coef`); a file that cannot be used is a ConfigError."""
+        from learner.demos import demo_examples, read_demos
+        from learner.errors import DemonstrationError
+
+        path = self.config.learner.bc_demos
+        try:
+            return demo_examples(
+                read_demos(path),
+                stack.renderer,
+                keep_thoughts=self._settings.keep_thoughts,
+                system_prompt=self._settings.system_prompt,
+            )
+        except DemonstrationError as exc:
+            raise ConfigError("config", "learner.bc_demos", str(exc)) from exc
 
     def hold(self) -> None:
         """No update after the one in progress: groups from a drain are trained after a

@@ -64,6 +64,16 @@ class LearnerConfig(Section, frozen=True):
     clip_eps_low: NonNegativeFloat = 0.2
     clip_eps_high: NonNegativeFloat = 0.2
     kl_beta: NonNegativeFloat = 0.0
+    # A behaviour-cloning term in every M-GRPO optimizer step (InstructGPT's PPO-ptx mixes
+    # a supervised term into RL the same way): minus `bc_coef` times the mean
+    # log-likelihood of `bc_turns` demonstrated turns of `bc_demos` (a trajectory store,
+    # e.g. the first run's .webagent/demos/train.jsonl), drawn anew each update. Meant to
+    # keep what BC taught while RL moves other templates (seeds here lost templates BC
+    # solved: docs/model.md). 0: off. Each step forwards and backwards the drawn turns too:
+    # 8 turns of ~500 tokens cost about what 8 rollout turns do. Not yet measured.
+    bc_coef: NonNegativeFloat = 0.0
+    bc_turns: Positive = 8
+    bc_demos: str = ""
     adv_eps: PositiveFloat = 1e-4
     # Old log-probs for the importance ratio: the server's sampled ones (False, the
     # default: they are the behaviour policy's, and the update costs one forward+backward;
@@ -120,6 +130,14 @@ class LearnerConfig(Section, frozen=True):
     def __post_init__(self) -> None:
         if self.algorithm == "webrl" and self.data_parallel > 1:
             raise ValueError('algorithm "webrl" trains on one rank: set data_parallel = 1')
+        if self.bc_coef > 0:
+            if not self.bc_demos:
+                raise ValueError(
+                    "bc_coef > 0 needs bc_demos, a file of demonstrations "
+                    "(the first run's: .webagent/demos/train.jsonl)"
+                )
+            if self.algorithm != "mgrpo" or self.data_parallel > 1:
+                raise ValueError('bc_coef > 0 is a term of "mgrpo" on one rank')
 
 
 class WebRLConfig(Section, frozen=True):

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from learner.batch import build_samples, collate, policy_logprobs
 from learner.checkpoint import latest_checkpoint
-from learner.errors import CheckpointError
+from learner.errors import BatchError, CheckpointError
 from learner.lora import verify_adapter
 from learner.trainer import Learner
 from runtime.base.config import LearnerConfig
@@ -253,6 +253,63 @@ def test_minibatches_split_a_pass_into_steps_whose_mean_gradient_is_the_batchs(
     assert any(not torch.equal(a, b) for a, b in zip(*grads[2], strict=True))
     for whole, first, second in zip(grads[1][0], *grads[2], strict=True):
         torch.testing.assert_close((first + second) / 2, whole, rtol=1e-4, atol=1e-7)
+
+
+def test_the_bc_term_adds_its_coefficient_times_the_demonstrations_gradient(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    """At lr 0, a step's gradient with `bc_coef` c is the M-GRPO gradient plus c times the
+    gradient of the drawn turns' mean NLL, and `bc_nll` is that NLL; the draw is fixed by
+    seed and version."""
+    import random
+
+    from learner.bc_scoring import bc_samples, completion_logits
+    from learner.checkpoint import Ledger
+    from learner.demos import BCExample
+    from learner.engine import Engine
+    from learner.loss import token_logprobs
+
+    rng = random.Random(5)
+    demos = []
+    for i in range(12):
+        completion = tuple(rng.randrange(3, 500) for _ in range(rng.randint(2, 6)))
+        demos.append(BCExample(
+            task_id=i, episode_id=f"d{i}", turn=0,
+            prompt_ids=tuple(rng.randrange(3, 500) for _ in range(rng.randint(4, 12))),
+            completion_ids=completion, action_mask=(True,) * len(completion),
+        ))  # fmt: skip
+    groups = [group(make_group, 1, "a", [1, 0, 1], 0), group(make_group, 2, "b", [0, 1], 0)]
+    grads: dict[float, list[torch.Tensor]] = {}
+    metrics = {}
+    for coef in (0.0, 0.5):
+        cfg = msgspec.structs.replace(
+            CONFIG, learning_rate=0.0, grad_clip=1e9, compute_dtype="float32", bc_coef=coef,
+            bc_turns=4, bc_demos="demos.jsonl" if coef else "", micro_batch_tokens=32,
+        )  # fmt: skip
+        engine = Engine(cfg, base_model=tiny_model_dir, out_dir=tmp_path / str(coef), demos=demos)
+        engine.open()
+        params = [p for p in engine._model.parameters() if p.requires_grad]
+
+        def record(*_: Any, _coef: float = coef, _params: Any = params) -> None:
+            grads[_coef] = [p.grad.clone() for p in _params]
+
+        engine._optimizer.register_step_pre_hook(record)
+        metrics[coef] = engine.update(groups, Ledger()).metrics
+    assert "bc_nll" not in metrics[0.0]
+    drawn = engine.bc_draw(0)
+    assert len(drawn) == 4 and drawn == engine.bc_draw(0) and drawn != engine.bc_draw(1)
+    # The reference on the same (unchanged) weights: the drawn turns in one micro-batch.
+    engine._optimizer.zero_grad(set_to_none=True)
+    mb = collate(bc_samples(drawn, scoring=False), pad_id=0)
+    nll = -(mb.weights * token_logprobs(completion_logits(engine._model, mb), mb.targets)).sum()
+    nll.backward()
+    reference = [p.grad.clone() for p in engine._model.parameters() if p.requires_grad]
+    assert metrics[0.5]["bc_nll"] == pytest.approx(nll.item(), rel=1e-5)
+    assert any(r.abs().sum() > 0 for r in reference)
+    for with_bc, without, ref in zip(grads[0.5], grads[0.0], reference, strict=True):
+        torch.testing.assert_close(with_bc, without + 0.5 * ref, rtol=1e-4, atol=1e-7)
+    with pytest.raises(BatchError, match="bc_coef > 0 needs demonstrated turns"):
+        Engine(cfg, base_model=tiny_model_dir, out_dir=tmp_path / "none")
 
 
 def test_minibatch_shares_deal_every_micro_batch_once() -> None:

@@ -292,6 +292,28 @@ def test_train_publishes_swaps_resumes_and_survives_sigkill(sku_model: Path) -> 
     assert len(everything) == len(set(everything)), "a group was trained twice"
 
 
+def test_train_with_the_bc_term_reads_the_demonstrations_and_names_a_bad_file(
+    sku_model: Path,
+) -> None:
+    """`learner.bc_coef`: every update also trains the demonstrated turns (`bc_nll` in its
+    metrics); a demonstrations file that cannot be read stops the start with its name."""
+    root = sku_model
+    for name, demos in (("bc-term", root / "demos.jsonl"), ("bc-missing", root / "none.jsonl")):
+        run_dir = root / name
+        config = _config(root, run_dir, port=free_port())
+        term = f'[learner]\nbc_coef = 0.5\nbc_turns = 2\nbc_demos = "{demos}"\n'
+        config.write_text(config.read_text().replace("[learner]\n", term))
+        log = root / f"{name}.log"
+        done = _run(["train", "--config", str(config), "--max-updates", "1"], timeout=600, log=log)
+        if demos.exists():
+            assert done.returncode == 0, log.read_text()[-3000:]
+            (update,) = [e for e in _events(run_dir) if e["event"] == "UpdateApplied"]
+            assert update["metrics"]["bc_nll"] > 0
+        else:
+            assert done.returncode != 0
+            assert "learner.bc_demos" in log.read_text() and "none.jsonl" in log.read_text()
+
+
 def test_train_webrl_phases_evolve_failed_tasks_and_resume(sku_model: Path) -> None:
     """`learner.algorithm = "webrl"` on the same daemon: each update a phase (critic, actor,
     replay), the failed task's children recorded with parent and phase, and after a
