@@ -56,6 +56,11 @@ def _config(args: argparse.Namespace) -> Config:
         raise ConfigError(
             "config", "webrl.generator_url", "its tasks have no evaluator: set sites.orm_judge"
         )
+    demos = config.learner.bc_demos
+    if config.learner.bc_coef > 0 and not Path(demos).is_file():
+        raise ConfigError(
+            "config", "learner.bc_demos", f"{demos}: no such file (`webagent demos` writes one)"
+        )
     if config.sites.orm_judge:  # again against the served model once it is known
         from runtime.labeling import check_judge
 
