@@ -66,7 +66,7 @@ from learner.batch import (
     minibatch_shares,
     policy_logprobs,
 )
-from learner.bc_scoring import bc_samples, completion_logits
+from learner.bc_scoring import bc_samples
 from learner.checkpoint import (
     LearnerState,
     Ledger,
@@ -78,7 +78,7 @@ from learner.checkpoint import (
 from learner.demos import BCExample
 from learner.errors import BatchError, CheckpointError
 from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapter
-from learner.loss import group_advantages, mgrpo_loss, token_logprobs
+from learner.loss import group_advantages, mgrpo_loss
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import TrajectoryGroup
 
@@ -479,7 +479,7 @@ class Engine:
                         sums[key] += float(getattr(parts, key).item())
                 for mb in demos:
                     with self._autocast():
-                        logp = token_logprobs(completion_logits(model, mb), mb.targets)
+                        logp = policy_logprobs(model, mb)  # temperature 1, as BC trains
                     nll = -(mb.weights * logp).sum()
                     (cfg.bc_coef * nll).backward()  # type: ignore[no-untyped-call]
                     bc_nll += float(nll.item())
