@@ -5,6 +5,7 @@ control and R1-Zero on the built-in suite.
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,webrl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
         [--server-threads 0] [--curriculum uniform] [--signal-ceiling 1] [--reuse ARM=RUN_DIR]
+        [--kl-beta 0] [--bc-coef 0] [--bc-turns 8]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under
@@ -13,7 +14,8 @@ The product's own commands are the system under test, run as subprocesses:
     checkpoint stopped at partial success (cached per budget, threads and seed);
 (b) BC + M-GRPO: `webagent train --config X` on that checkpoint, stopped by SIGINT (the
     daemon's graceful stop) `--rl-minutes` after it published v0 (vLLM start-up and model
-    loading are not charged), or at `--max-updates`;
+    loading are not charged), or at `--max-updates`; with `--bc-coef`, every update also
+    fits `--bc-turns` of (a)'s demonstrations (`learner.bc_coef`, this arm's alone);
 (c) R1-Zero: the same from the untrained base model, with the same budget;
 (e) BC + WebRL: (b) with `learner.algorithm = "webrl"` (phases of `--batch-groups` groups:
     critic, KL-constrained actor update, replay of successes, new tasks evolved from the
@@ -90,6 +92,7 @@ from bench.learning_stages import (
     control_arm,
     reused_run,
     train_arm,
+    train_demos,
     with_server,
 )
 from bench.learning_stats import (
@@ -148,6 +151,15 @@ def planned(
         "control": (calls, headline),
         "r1-zero": (calls, headline),
     }
+
+
+def arm_settings(
+    arm: str, settings: Mapping[str, Any], bc_term: Mapping[str, Any]
+) -> dict[str, Any]:
+    """An RL arm's `rl_toml` settings: its algorithm, and the BC term (`--bc-coef`) for
+    bc+rl alone (R1-Zero stays RL from the untuned model, WebRL has no such term)."""
+    algorithm = "webrl" if arm == "webrl" else "mgrpo"
+    return {**settings, **(bc_term if arm == "bc+rl" else {}), "algorithm": algorithm}
 
 
 # --------------------------------------------------------------------------- plots
@@ -271,6 +283,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="scheduler.curriculum of the RL arms")  # fmt: skip
     add("--signal-ceiling", type=float, default=1.0,
         help='scheduler.signal_ceiling of the RL arms (under --curriculum signal)')  # fmt: skip
+    add("--kl-beta", type=float, default=defaults.learner.kl_beta,
+        help="learner.kl_beta of the M-GRPO arms (a KL term to their start)")  # fmt: skip
+    add("--bc-coef", type=float, default=defaults.learner.bc_coef,
+        help="learner.bc_coef of the bc+rl arm: a BC term on the train demonstrations")  # fmt: skip
+    add("--bc-turns", type=int, default=defaults.learner.bc_turns,
+        help="learner.bc_turns: demonstrated turns an update, under --bc-coef")  # fmt: skip
     add("--arms", type=_parse_arms, default=list(ARMS), help="a subset of " + ",".join(ARMS))
     add("--bc-model", help="a BC checkpoint folder to start from instead of running BC")
     add(
@@ -337,17 +355,20 @@ class _Experiment:
             "lr": args.rl_lr, "optimizer_steps": args.optimizer_steps,
             "minibatches": args.minibatches, "threads": args.threads,
             "seed": args.seed, "temperature": args.rl_temperature, "curriculum": args.curriculum,
-            "signal_ceiling": args.signal_ceiling,
+            "signal_ceiling": args.signal_ceiling, "kl_beta": args.kl_beta,
             "max_updates": args.max_updates, "server_threads": args.server_threads,
         }  # fmt: skip
+        bc_term: dict[str, Any] = {}
+        if args.bc_coef > 0:
+            bc_term = {"bc_coef": args.bc_coef, "bc_turns": args.bc_turns,
+                       "bc_demos": train_demos(out, base, args.seed).resolve()}  # fmt: skip
         for arm, model in (("bc+rl", bc_dir), ("webrl", bc_dir), ("r1-zero", base)):
             if arm not in args.arms or arm in args.reuse:
                 continue  # a reused run is read when it is needed: it may still be stopping
             began = time.monotonic()
             budget = args.rl_minutes * 60
-            algorithm = "webrl" if arm == "webrl" else "mgrpo"
             run = train_arm(arm=arm, model=model, out=out, stamp=self.stamp, budget_s=budget,
-                         settings={**settings, "algorithm": algorithm})  # fmt: skip
+                         settings=arm_settings(arm, settings, bc_term))  # fmt: skip
             self.runs[arm] = run
             self._timed(f"rl_{arm}_s", began)
             updates = len(run["curves"]["updates"])

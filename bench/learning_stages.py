@@ -38,6 +38,7 @@ __all__ = [
     "reused_run",
     "rl_toml",
     "train_arm",
+    "train_demos",
     "with_server",
 ]
 
@@ -73,7 +74,8 @@ minibatches = {settings["minibatches"]}
 learning_rate = {settings["lr"]}
 torch_threads = {settings["threads"]}
 seed = {settings["seed"]}
-[daemon]
+kl_beta = {settings.get("kl_beta", 0.0)}
+{_bc_term(settings)}[daemon]
 run_dir = "{run_dir}"
 data_dir = "{data_dir}"
 eval_every = 0
@@ -82,6 +84,15 @@ drain_timeout_s = 30.0
 [endpoint]
 enabled = false
 """
+
+
+def _bc_term(settings: Mapping[str, Any]) -> str:
+    """The `[learner]` lines of the BC term (`learner.bc_coef`), where an arm has one."""
+    coef = settings.get("bc_coef", 0.0)
+    if not coef:
+        return ""
+    return (f'bc_coef = {coef}\nbc_turns = {settings["bc_turns"]}\n'
+            f'bc_demos = "{settings["bc_demos"]}"\n')  # fmt: skip
 
 
 def eval_toml(*, model: Path, url: str, run_dir: Path, data_dir: Path) -> str:
@@ -132,6 +143,15 @@ def bc_summary(folder: Path) -> dict[str, Any]:
     return report
 
 
+def train_demos(out: Path, base: Path, seed: int) -> Path:
+    """The train split's oracle demonstrations BC fits (cached): also the bc+rl arm's BC
+    term's (`--bc-coef`)."""
+    from bench.recipe import demos
+    from policy.profile import model_profile
+
+    return demos(out, seed, "train", model_profile(base).observation_style)
+
+
 def bc_process(
     out: Path, base: Path, folder: Path, minutes: float, seed: int, threads: int
 ) -> None:
@@ -142,7 +162,7 @@ def bc_process(
     from policy.profile import model_profile
 
     style = model_profile(base).observation_style
-    train, test = demos(out, seed, "train", style), demos(out, seed, "test", style)
+    train, test = train_demos(out, base, seed), demos(out, seed, "test", style)
     # beside the folder (not with_suffix: "-10.2m" would lose its ".2m")
     config, log_path = (folder.parent / f"{folder.name}.{ext}" for ext in ("toml", "log"))
     config.write_text(f"[bc]\nseed = {seed}\ntorch_threads = {threads}\n")

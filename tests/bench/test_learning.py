@@ -123,6 +123,28 @@ def test_configs_are_valid_for_the_product(tmp_path: Path) -> None:
                                 settings={**settings, "algorithm": "webrl"})
     )  # fmt: skip
     assert load_config(rl).learner.algorithm == "webrl"
+    assert config.learner.kl_beta == 0.0 and config.learner.bc_coef == 0.0  # not asked for
+    demos = tmp_path / "demos.jsonl"
+    term = {"kl_beta": 0.05, "bc_coef": 1.0, "bc_turns": 32, "bc_demos": demos}
+    rl.write_text(
+        learning_stages.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r",
+                                data_dir=tmp_path / "d", settings={**settings, **term})
+    )  # fmt: skip
+    learner = load_config(rl).learner
+    assert learner.kl_beta == 0.05 and learner.bc_coef == 1.0 and learner.bc_turns == 32
+    assert learner.bc_demos == str(demos)
+    # The bench gives the BC term to bc+rl alone: WebRL's config refuses one.
+    bc_term = {"bc_coef": 1.0, "bc_turns": 32, "bc_demos": demos}
+    for arm, coef in (("bc+rl", 1.0), ("webrl", 0.0), ("r1-zero", 0.0)):
+        rl.write_text(
+            learning_stages.rl_toml(model=tmp_path / "bc", run_dir=tmp_path / "r",
+                                    data_dir=tmp_path / "d",
+                                    settings=learning.arm_settings(
+                                        arm, {**settings, "kl_beta": 0.05}, bc_term))
+        )  # fmt: skip
+        learner = load_config(rl).learner
+        assert learner.bc_coef == coef and learner.kl_beta == 0.05, arm
+        assert learner.algorithm == ("webrl" if arm == "webrl" else "mgrpo")
     ev = tmp_path / "eval.toml"
     ev.write_text(
         learning_stages.eval_toml(model=tmp_path / "bc", url="http://127.0.0.1:1",
