@@ -91,8 +91,8 @@ from bench.learning_stages import (
     bc_summary,
     control_arm,
     reused_run,
+    split_demos,
     train_arm,
-    train_demos,
     with_server,
 )
 from bench.learning_stats import (
@@ -360,8 +360,8 @@ class _Experiment:
         }  # fmt: skip
         bc_term: dict[str, Any] = {}
         if args.bc_coef > 0:
-            bc_term = {"bc_coef": args.bc_coef, "bc_turns": args.bc_turns,
-                       "bc_demos": train_demos(out, base, args.seed).resolve()}  # fmt: skip
+            demos = split_demos(out, base, args.seed, "train").resolve()
+            bc_term = {"bc_coef": args.bc_coef, "bc_turns": args.bc_turns, "bc_demos": demos}
         for arm, model in (("bc+rl", bc_dir), ("webrl", bc_dir), ("r1-zero", base)):
             if arm not in args.arms or arm in args.reuse:
                 continue  # a reused run is read when it is needed: it may still be stopping

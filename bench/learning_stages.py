@@ -37,8 +37,8 @@ __all__ = [
     "eval_toml",
     "reused_run",
     "rl_toml",
+    "split_demos",
     "train_arm",
-    "train_demos",
     "with_server",
 ]
 
@@ -143,13 +143,13 @@ def bc_summary(folder: Path) -> dict[str, Any]:
     return report
 
 
-def train_demos(out: Path, base: Path, seed: int) -> Path:
-    """The train split's oracle demonstrations BC fits (cached): also the bc+rl arm's BC
-    term's (`--bc-coef`)."""
+def split_demos(out: Path, base: Path, seed: int, split: str) -> Path:
+    """`split`'s oracle demonstrations in `base`'s observation style (cached): BC fits the
+    train split's (so does the bc+rl arm's BC term, `--bc-coef`) and holds out the test's."""
     from bench.recipe import demos
     from policy.profile import model_profile
 
-    return demos(out, seed, "train", model_profile(base).observation_style)
+    return demos(out, seed, split, model_profile(base).observation_style)
 
 
 def bc_process(
@@ -157,12 +157,9 @@ def bc_process(
 ) -> None:
     """`webagent bc` from `base` to `folder` for `minutes` on the train demonstrations
     (held out: the test split's), in its own process on TCMalloc as the first run's BC."""
-    from bench.recipe import demos
     from policy.allocator import preload_env
-    from policy.profile import model_profile
 
-    style = model_profile(base).observation_style
-    train, test = train_demos(out, base, seed), demos(out, seed, "test", style)
+    train, test = (split_demos(out, base, seed, split) for split in ("train", "test"))
     # beside the folder (not with_suffix: "-10.2m" would lose its ".2m")
     config, log_path = (folder.parent / f"{folder.name}.{ext}" for ext in ("toml", "log"))
     config.write_text(f"[bc]\nseed = {seed}\ntorch_threads = {threads}\n")
