@@ -74,8 +74,9 @@ class LearnerConfig(Section, frozen=True):
     # from the first run's model, curriculum "signal" (ceiling 0.5), kl_beta 0.05, 40
     # minutes, 3 seeds: 1.0 with 32 turns took the whole test split from 19.2% to 32.4%
     # (+13.2 points, +14.2/+15.1/+10.5), without it +9.1 and +0.9 (2 seeds); an update a
-    # median 128-182 s against 72-78 s (docs/model.md). Off by default: the first run's
-    # first update comes sooner without it, and it needs demonstrations.
+    # median 128-182 s against 72-78 s; BC continued as long did better on test (39.7%)
+    # and worse on ood (docs/model.md). Off by default: it needs demonstrations, and with
+    # it on, make run's first update is not yet measured.
     bc_coef: NonNegativeFloat = 0.0
     bc_turns: Positive = 8
     bc_demos: str = ""
