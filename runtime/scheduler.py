@@ -100,6 +100,7 @@ class Scheduler:
         curriculum: CurriculumKind = "uniform",
         length: TaskLength | None = None,
         signal_ceiling: float = 1.0,
+        signal_warmup: int = 0,
         admit: Admit | None = None,
     ) -> None:
         if not tasks:
@@ -114,6 +115,7 @@ class Scheduler:
             shuffle=shuffle,
             length=length,
             ceiling=signal_ceiling,
+            warmup=signal_warmup,
         )
         self.send = send
         self.group_size = group_size

@@ -154,15 +154,18 @@ def test_signal_forgets_old_groups_and_ignores_infrastructure_failures() -> None
     assert curriculum.weight("t:0") > failing * 2
 
 
-def _store_groups(path: Path, task_ids: list[int], split: str = "train") -> None:
-    """One group of 4 failed episodes a task id, in order, in the run's store."""
+def _store_groups(
+    path: Path, task_ids: list[int], split: str = "train", rewards: tuple[float, ...] = (0,) * 4
+) -> None:
+    """One group of episodes with `rewards` (4 failed ones) a task id, in order, in the
+    run's store."""
     with TrajectoryStore(path / "trajectories.jsonl") as store:
         for n, task_id in enumerate(task_ids):
             group_id = f"{split}{n}"
             episodes = [
                 Trajectory(episode_id=f"{group_id}-{i}", group_id=group_id, task_id=task_id,
-                           intent="", reward=0.0, status="exited")
-                for i in range(4)
+                           intent="", reward=reward, status="exited")
+                for i, reward in enumerate(rewards)
             ]  # fmt: skip
             group = TrajectoryGroup(
                 group_id=group_id, task_id=task_id, trajectories=episodes, created_at=0, split=split
@@ -274,3 +277,40 @@ def test_signal_with_lengths_gives_a_template_its_lengths_pooled_prior() -> None
         _observe(plain, tasks[5], [0, 0, 0, 0])
         _observe(plain, tasks[15], [1, 0, 0, 1])
     assert plain.weight("t:2") == plain.weight("t:4")
+
+
+def test_signal_draws_short_first_until_its_warmup_has_seen_mixed_groups(
+    tmp_path: Path,
+) -> None:
+    # Templates 0-2 are 5-step tasks, 3-5 one-step ones; 5 tasks each.
+    tasks = [_task(10 * t + i, t) for t in range(6) for i in range(5)]
+
+    def length(task: TaskConfig) -> int:
+        return 5 if task.task_id < 30 else 1
+
+    curriculum = Curriculum(
+        tasks, kind="signal", group_size=4, seed="0:train", length=length, warmup=2
+    )
+    first = [curriculum.next() for _ in range(12)]
+    assert [length(task) for task in first] == [1] * 12  # 12 of the 15 one-step tasks
+    for task in first[:6]:
+        _observe(curriculum, task, [1, 1, 1, 1])  # solved groups do not end the warm-up
+    _observe(curriculum, first[6], [1, 0, 0, 1])
+    _observe(curriculum, first[7], [0, 0, 0, 0])
+    assert curriculum.mixed_seen == 1
+    assert length(curriculum.next()) == 1  # still the short ones
+    _observe(curriculum, first[8], [0, 1, 1, 1])
+    assert curriculum.mixed_seen == 2
+    # Past the warm-up the draws are by weight: the unseen 5-step templates come in.
+    drawn = Counter(length(curriculum.next()) for _ in range(300))
+    assert drawn[5] > 30
+    # A resumed run counts its store's mixed groups: past the warm-up at once.
+    _store_groups(tmp_path, [first[6].task_id, first[8].task_id], rewards=(1, 0, 0, 1))
+    resumed = Curriculum(
+        tasks, kind="signal", group_size=4, seed="0:train", length=length, warmup=2
+    )
+    assert resumed.observe_store(tmp_path, "train") == 2 and resumed.mixed_seen == 2
+    assert Counter(length(resumed.next()) for _ in range(300))[5] > 30
+    # Other kinds ignore it: "uniform" stays shuffled.
+    uniform = Curriculum(tasks, group_size=4, seed="0:train", length=length, warmup=2)
+    assert [length(uniform.next()) for _ in range(12)] != [1] * 12
