@@ -5,7 +5,7 @@ control and R1-Zero on the built-in suite.
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,webrl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
         [--server-threads 0] [--curriculum uniform] [--signal-ceiling 1] [--reuse ARM=RUN_DIR]
-        [--kl-beta 0] [--bc-coef 0] [--bc-turns 8]
+        [--kl-beta 0.05] [--bc-coef 1] [--bc-turns 32]
 
 The product's own commands are the system under test, run as subprocesses:
 (a) BC: the base model (`bench.recipe`'s: model and oracle demonstrations, cached under

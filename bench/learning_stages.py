@@ -87,10 +87,11 @@ enabled = false
 
 
 def _bc_term(settings: Mapping[str, Any]) -> str:
-    """The `[learner]` lines of the BC term (`learner.bc_coef`), where an arm has one."""
+    """The `[learner]` lines of the BC term (`learner.bc_coef`): off (the default is on,
+    "auto") where an arm has none."""
     coef = settings.get("bc_coef", 0.0)
     if not coef:
-        return ""
+        return "bc_coef = 0.0\n"
     return (f'bc_coef = {coef}\nbc_turns = {settings["bc_turns"]}\n'
             f'bc_demos = "{settings["bc_demos"]}"\n')  # fmt: skip
 

@@ -253,7 +253,8 @@ class Engine:
         self._pad_id = 0
         if config.mask_think and decode is None:
             raise BatchError("mask_think needs the tokenizer's decode function")
-        if config.bc_coef > 0 and not self.demos:
+        # "auto" (`runtime.bootstrap.bc_term_of`): the term where demonstrations are given.
+        if config.bc_coef > 0 and config.bc_demos != "auto" and not self.demos:
             raise BatchError("learner.bc_coef > 0 needs demonstrated turns")
 
     # ------------------------------------------------------------------ opening
@@ -448,7 +449,7 @@ class Engine:
         model = self._model
         old = self._old_logprobs(batches)
         ref = self._ref_logprobs(batches) if cfg.kl_beta > 0 else [None] * len(batches)
-        demos = self._bc_batches() if cfg.bc_coef > 0 else []
+        demos = self._bc_batches() if cfg.bc_coef > 0 and self.demos else []
         model.train()
         sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "ratio_mean", "ref_kl"), 0.0)
         bc_nll = 0.0

@@ -38,6 +38,7 @@ from runtime.environment import Environment
 __all__ = [
     "BootstrapPaths",
     "BootstrapProgress",
+    "bc_term_of",
     "demo_tasks",
     "prepare_model",
     "served_model",
@@ -166,6 +167,30 @@ def demo_tasks(train: list[TaskConfig], bc: BCConfig) -> list[TaskConfig]:
 def served_model(config: Config) -> str:
     """What a daemon that does not train serves: `policy.model`, or the first run's BC model."""
     return config.policy.model or str(BootstrapPaths(config.daemon.data_dir).bc)
+
+
+def bc_term_of(config: Config) -> Config:
+    """`config` with its BC term (`learner.bc_coef`) settled: `learner.bc_demos = "auto"`
+    becomes the embedded default's demonstrations where its first run made them and M-GRPO
+    trains on one rank, and turns the term off (`bc_coef` 0) anywhere else (a model of the
+    user's own has no demonstrations here; WebRL and data_parallel > 1 take no term). Call
+    it before `policy.model` is set to the served model, which hides whether the model is
+    the embedded default."""
+    learner = config.learner
+    if learner.bc_coef == 0 or learner.bc_demos != "auto":
+        return config
+    demos = BootstrapPaths(config.daemon.data_dir).demos
+    on = (
+        not config.policy.model
+        and learner.algorithm == "mgrpo"
+        and learner.data_parallel == 1
+        and demos.is_file()
+    )
+    log.info("bootstrap.bc_term", on=on, demos=str(demos) if on else "")
+    settled = msgspec.structs.replace(
+        learner, bc_demos=str(demos) if on else "", bc_coef=learner.bc_coef if on else 0.0
+    )
+    return msgspec.structs.replace(config, learner=settled)
 
 
 async def zero_adapter_of(config: Config, model: str) -> Path:

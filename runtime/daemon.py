@@ -53,7 +53,13 @@ from runtime.api import serve_api
 from runtime.base.config import Config, dump_config
 from runtime.base.files import write_atomic
 from runtime.base.messages import EvalFinished, Event, UpdateApplied
-from runtime.bootstrap import BootstrapProgress, prepare_model, served_model, zero_adapter_of
+from runtime.bootstrap import (
+    BootstrapProgress,
+    bc_term_of,
+    prepare_model,
+    served_model,
+    zero_adapter_of,
+)
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.evaluation import PeriodicEvaluations
@@ -246,6 +252,8 @@ class Daemon:
         else:
             self.model = served_model(config)
             first = await zero_adapter_of(config, self.model)
+        if self.training:
+            config = bc_term_of(config)  # before policy.model names the served model
         served = msgspec.structs.replace(
             config, policy=msgspec.structs.replace(config.policy, model=self.model)
         )

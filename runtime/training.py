@@ -205,6 +205,7 @@ class Training:
                 curriculum=config.scheduler.curriculum,
                 length=plan_length,
                 signal_ceiling=config.scheduler.signal_ceiling,
+                signal_warmup=config.scheduler.signal_warmup,
                 admit=self._admit if config.scheduler.only_fresh_groups else None,
             )
             # A resumed run goes on from its store: the rewards seen, the tasks drawn.

@@ -63,23 +63,28 @@ class LearnerConfig(Section, frozen=True):
     max_staleness: NonNegative = 1
     clip_eps_low: NonNegativeFloat = 0.2
     clip_eps_high: NonNegativeFloat = 0.2
-    kl_beta: NonNegativeFloat = 0.0
+    # A KL term to the base model (the adapter disabled), k3 per token (M-GRPO's loss).
+    # On with the BC term below, as measured: both belong to the one configuration whose
+    # gain repeated over 3 seeds (docs/model.md, "Three seeds of RL with the BC term").
+    kl_beta: NonNegativeFloat = 0.05
     # A behaviour-cloning term in every M-GRPO optimizer step (InstructGPT's PPO-ptx mixes
-    # a supervised term into RL the same way): minus `bc_coef` times the mean
-    # log-likelihood of `bc_turns` demonstrated turns of `bc_demos` (a trajectory store,
-    # e.g. the first run's .webagent/demos/train.jsonl), drawn anew each update. Meant to
-    # keep what BC taught while RL moves other templates (seeds here lost templates BC
-    # solved: docs/model.md). 0: off. Each step forwards and backwards the drawn turns too:
-    # 8 turns of ~500 tokens cost about what 8 rollout turns do. SmolLM2, 2-core AMX Xeon,
-    # from the first run's model, curriculum "signal" (ceiling 0.5), kl_beta 0.05, 40
-    # minutes, 3 seeds: 1.0 with 32 turns took the whole test split from 19.2% to 32.4%
-    # (+13.2 points, +14.2/+15.1/+10.5), without it +9.1 and +0.9 (2 seeds); an update a
-    # median 128-182 s against 72-78 s; BC continued as long did better on test (39.7%)
-    # and worse on ood (docs/model.md). Off by default: it needs demonstrations, and with
-    # it on, make run's first update is not yet measured.
-    bc_coef: NonNegativeFloat = 0.0
-    bc_turns: Positive = 8
-    bc_demos: str = ""
+    # a supervised term into RL the same way): plus `bc_coef` times the mean negative
+    # log-likelihood of `bc_turns` demonstrated turns of `bc_demos`, drawn anew each
+    # update. It keeps what BC taught while RL moves other templates (seeds without it
+    # lost templates BC solved). Each step forwards and backwards the drawn turns too.
+    # SmolLM2, 2-core AMX Xeon, from the first run's model, curriculum "signal" (ceiling
+    # 0.5), kl_beta 0.05, 40 minutes, 3 seeds: 1.0 with 32 turns took the whole test split
+    # from 19.2% to 32.4% (+13.2 points, +14.2/+15.1/+10.5), without it +9.1 and +0.9 (2
+    # seeds); an update a median 128-182 s against 72-78 s; BC continued as long did
+    # better on test (39.7%) and worse on ood (docs/model.md). 0: off.
+    bc_coef: NonNegativeFloat = 1.0
+    bc_turns: Positive = 32
+    # The demonstrations (a trajectory store, as `webagent demos` writes). "auto": the
+    # embedded default's own, `<daemon.data_dir>/demos/train.jsonl` (its first run writes
+    # them), when the daemon trains that model with "mgrpo" on one rank; anywhere else
+    # (`policy.model` set, WebRL, data_parallel > 1) "auto" leaves the term off
+    # (`runtime.bootstrap.bc_term_of`). A path: that file, which must exist.
+    bc_demos: str = "auto"
     adv_eps: PositiveFloat = 1e-4
     # Old log-probs for the importance ratio: the server's sampled ones (False, the
     # default: they are the behaviour policy's, and the update costs one forward+backward;
@@ -136,10 +141,10 @@ class LearnerConfig(Section, frozen=True):
     def __post_init__(self) -> None:
         if self.algorithm == "webrl" and self.data_parallel > 1:
             raise ValueError('algorithm "webrl" trains on one rank: set data_parallel = 1')
-        if self.bc_coef > 0:
+        if self.bc_coef > 0 and self.bc_demos != "auto":
             if not self.bc_demos:
                 raise ValueError(
-                    "bc_coef > 0 needs bc_demos, a file of demonstrations "
+                    'bc_coef > 0 needs bc_demos, "auto" or a file of demonstrations '
                     "(the first run's: .webagent/demos/train.jsonl)"
                 )
             if self.algorithm != "mgrpo" or self.data_parallel > 1:

@@ -57,7 +57,7 @@ def _config(args: argparse.Namespace) -> Config:
             "config", "webrl.generator_url", "its tasks have no evaluator: set sites.orm_judge"
         )
     demos = config.learner.bc_demos
-    if config.learner.bc_coef > 0 and not Path(demos).is_file():
+    if config.learner.bc_coef > 0 and demos != "auto" and not Path(demos).is_file():
         raise ConfigError(
             "config", "learner.bc_demos", f"{demos}: no such file (`webagent demos` writes one)"
         )

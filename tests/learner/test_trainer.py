@@ -310,6 +310,9 @@ def test_the_bc_term_adds_its_coefficient_times_the_demonstrations_gradient(
         torch.testing.assert_close(with_bc, without + 0.5 * ref, rtol=1e-4, atol=1e-7)
     with pytest.raises(BatchError, match="bc_coef > 0 needs demonstrated turns"):
         Engine(cfg, base_model=tiny_model_dir, out_dir=tmp_path / "none")
+    # "auto" (the default) with no demonstrations given: no term, no error.
+    auto = msgspec.structs.replace(cfg, bc_demos="auto")
+    assert Engine(auto, base_model=tiny_model_dir, out_dir=tmp_path / "auto").demos == []
 
 
 def test_minibatch_shares_deal_every_micro_batch_once() -> None:

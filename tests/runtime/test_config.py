@@ -47,7 +47,7 @@ def test_partial_file_overrides_only_its_fields(tmp_path: Path) -> None:
         ("[[sites.instances]]\nname = 'a'\nfoo = 1\n", "sites.instances[0].foo", "unknown field"),
         ("[[sites.instances]]\nurls = {}\n", "sites.instances[0]", "missing required field"),
         ("[policy]\ndevice = 'tpu'\n", "policy.device", "invalid enum value 'tpu'"),
-        ("[learner]\nbc_coef = 0.1\n", "learner", "bc_coef > 0 needs bc_demos"),
+        ("[learner]\nbc_coef = 0.1\nbc_demos = ''\n", "learner", "bc_coef > 0 needs bc_demos"),
         (
             "[learner]\nbc_coef = 0.1\nbc_demos = 'd.jsonl'\nalgorithm = 'webrl'\n",
             "learner",
