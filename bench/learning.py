@@ -4,7 +4,7 @@ control and R1-Zero on the built-in suite.
     .venv/bin/python -m bench.learning [--bc-minutes 15] [--rl-minutes 12] [--seeds 3]
         [--eval-tasks 100] [--scaling-tasks 40] [--scaling-turns 5,10,15,20,30] [--smoke]
         [--arms bc,bc+rl,webrl,control,r1-zero] [--bc-model DIR] [--rl-temperature 0.5]
-        [--server-threads 0] [--curriculum uniform] [--signal-ceiling 1] [--reuse ARM=RUN_DIR]
+        [--server-threads 0] [--curriculum signal] [--signal-ceiling 0.5] [--reuse ARM=RUN_DIR]
         [--kl-beta 0.05] [--bc-coef 1] [--bc-turns 32]
 
 The product's own commands are the system under test, run as subprocesses:
@@ -279,9 +279,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     add("--rl-lr", type=float, default=defaults.learner.learning_rate)
     add("--rl-temperature", type=float, default=defaults.policy.temperature,
         help="sampling temperature of RL rollouts")  # fmt: skip
-    add("--curriculum", choices=("uniform", "short_first", "signal"), default="uniform",
+    add("--curriculum", choices=("uniform", "short_first", "signal"),
+        default=defaults.scheduler.curriculum,
         help="scheduler.curriculum of the RL arms")  # fmt: skip
-    add("--signal-ceiling", type=float, default=1.0,
+    add("--signal-ceiling", type=float, default=defaults.scheduler.signal_ceiling,
         help='scheduler.signal_ceiling of the RL arms (under --curriculum signal)')  # fmt: skip
     add("--kl-beta", type=float, default=defaults.learner.kl_beta,
         help="learner.kl_beta of the M-GRPO arms (a KL term to their start)")  # fmt: skip
