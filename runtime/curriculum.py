@@ -202,13 +202,10 @@ class Curriculum:
         template = self._template_of_id.get(task_id)
         if template is None:
             return
-        rewards = self._rewards[template]
-        seen: set[float] = set()
-        for reward, status in outcomes:
-            if status in EVALUATED_STATUSES:
-                seen.add(1.0 if reward > 0.5 else 0.0)
-                rewards.append(1.0 if reward > 0.5 else 0.0)
-        self.mixed_seen += len(seen) == 2
+        scored = [1.0 if reward > 0.5 else 0.0 for reward, status in outcomes
+                  if status in EVALUATED_STATUSES]  # fmt: skip
+        self._rewards[template].extend(scored)
+        self.mixed_seen += len(set(scored)) > 1  # as `rewards_differ`: the group can teach
 
     def observe_store(self, path: str | Path, split: str) -> int:
         """Observe the groups of `split` in a trajectory store, so a resumed run goes on
@@ -285,7 +282,7 @@ class Curriculum:
         self._order = list(self._tasks)
         if self.shuffle:
             random.Random(f"{self._seed}:{self.epoch}").shuffle(self._order)
-        if self.kind == "short_first" or (self.warmup and self._length is not None):
+        if self.kind == "short_first" or self.warmup:
             self._order.sort(key=self._shortness)  # stable: shuffled within a length
         self._order.reverse()  # pop() from the end takes them in shuffled order
 

@@ -44,7 +44,8 @@ def test_auto_bc_demos_are_the_embedded_defaults_where_its_first_run_made_them(
     default = _config(tmp_path, "")
     assert (default.learner.bc_coef, default.learner.bc_demos) == (1.0, "auto")
     # No demonstrations on disk yet: the term is off, not an error.
-    assert (bc_term_of(default).learner.bc_coef, bc_term_of(default).learner.bc_demos) == (0, "")
+    unmade = bc_term_of(default).learner
+    assert (unmade.bc_coef, unmade.bc_demos) == (0, "")
     demos.parent.mkdir(parents=True)
     demos.write_text("")
     settled = bc_term_of(default).learner
