@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.recipe [--model smollm2|tiny|DIR] [--minutes 30]
                                      [--style auto|compact|html] [--prompt auto|short|full]
                                      [--lora-layers N] [--lr X] [--batch N]
-                                     [--eval-every 100] [--seed 0] [--rollout-tasks 219]
+                                     [--eval-every 100] [--seed 0] [--bc-seed N]
+                                     [--rollout-tasks 219]
                                      [--ood-tasks 120] [--no-keep-thoughts] [--out bench/out]
                                      [--snapshots 15,30] [--demo-tasks 500] [--demo-max-steps 3]
 
@@ -23,6 +24,9 @@
    ood split: success over all of them and over the test tasks of 1-3 oracle steps; with
    `--snapshots M1,M2`, also the models as they were at those BC minutes (one run, the
    closed-loop curve of BC minutes).
+
+`--seed` is the built-in suite's (demonstrations and evaluations) and BC's; `--bc-seed`
+sets BC's alone (data order, LoRA initialisation).
 
 BC runs in this process on TCMalloc (the process re-executes itself with it preloaded
 when installed, as the first run's BC process does); the evaluations run without it.
@@ -55,6 +59,7 @@ from runtime.base.config import (
     ObservationConfig,
     PolicyConfig,
     SchedulerConfig,
+    SitesConfig,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +104,9 @@ def demos(out: Path, seed: int, split: str, style: str) -> Path:
     if path.is_file():
         return path
     # The oracle reads the pages in the style they are rendered in; the prompt is not read.
-    config = settle_auto(Config(observation=ObservationConfig(style=style)))  # type: ignore[arg-type]
+    config = settle_auto(
+        Config(observation=ObservationConfig(style=style), sites=SitesConfig(seed=seed))  # type: ignore[arg-type]
+    )
 
     async def write() -> None:
         async with open_environment(config) as env:
@@ -141,6 +148,19 @@ def _steps_by_task(demos: Path) -> dict[int, int]:
     return steps
 
 
+def eval_config(
+    run: Path, model: Path, seed: int, style: str, prompt: str, keep_thoughts: bool
+) -> str:
+    """The TOML of a greedy closed-loop evaluation of `model` on the suite of `seed`."""
+    return (
+        f'[policy]\nmodel = "{model}"\ntemperature = 0.0\nmax_tokens = 96\n'
+        f'max_model_len = 4096\nsystem_prompt = "{prompt}"\n'
+        f'[observation]\nstyle = "{style}"\n[daemon]\nrun_dir = "{run}"\n'
+        f"[sites]\nseed = {seed}\n"
+        f"[scheduler]\nkeep_thoughts = {str(keep_thoughts).lower()}\n"
+    )
+
+
 def rollouts(
     out: Path,
     model: Path,
@@ -148,6 +168,7 @@ def rollouts(
     steps: dict[int, int],
     *,
     split: str = "test",
+    seed: int = 0,
     style: str = "auto",
     prompt: str = "auto",
     keep_thoughts: bool = True,
@@ -156,12 +177,7 @@ def rollouts(
     run = out / "cache" / f"recipe-eval-{split}-{time.strftime('%Y%m%d-%H%M%S')}"
     run.mkdir(parents=True)
     config = run / "config.toml"
-    config.write_text(
-        f'[policy]\nmodel = "{model}"\ntemperature = 0.0\nmax_tokens = 96\n'
-        f'max_model_len = 4096\nsystem_prompt = "{prompt}"\n'
-        f'[observation]\nstyle = "{style}"\n[daemon]\nrun_dir = "{run}"\n'
-        f"[scheduler]\nkeep_thoughts = {str(keep_thoughts).lower()}\n"
-    )
+    config.write_text(eval_config(run, model, seed, style, prompt, keep_thoughts))
     started = time.monotonic()
     env = {k: v for k, v in os.environ.items() if not (k == "LD_PRELOAD" and "tcmalloc" in v)}
     done = subprocess.run(
@@ -222,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=BCConfig().max_minutes)
     parser.add_argument("--eval-every", type=int, default=BCConfig().eval_every_steps)
     parser.add_argument("--eval-examples", type=int, default=BCConfig().eval_examples)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the built-in suite's seed")
+    parser.add_argument("--bc-seed", type=int, default=None, help="BC's seed (default: --seed)")
     parser.add_argument("--style", default="auto", choices=["auto", "compact", "html"])
     parser.add_argument("--prompt", default="auto", choices=["auto", "short", "full"])
     parser.add_argument("--lora-layers", type=int, default=LearnerConfig().lora_layers,
@@ -287,11 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     name = args.model if args.model in ("smollm2", "tiny") else Path(args.model).name
     kt = "" if args.keep_thoughts else "actions-"
     picked = f"d{args.demo_tasks}x{args.demo_max_steps}-"
-    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{kt}{picked}{args.seed}"
+    bc_seed = args.seed if args.bc_seed is None else args.bc_seed
+    seeds = f"{args.seed}" if bc_seed == args.seed else f"{args.seed}-b{bc_seed}"
+    variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{kt}{picked}{seeds}"
     bc_dir = out / "cache" / f"recipe-bc-{variant}"
     config = BCConfig(
         max_minutes=args.minutes, eval_every_steps=args.eval_every,
-        eval_examples=args.eval_examples, torch_threads=args.threads, seed=args.seed,
+        eval_examples=args.eval_examples, torch_threads=args.threads, seed=bc_seed,
         prompt_loss=settled.bc.prompt_loss, learning_rate=args.lr, batch_size=args.batch,
         snapshot_minutes=args.snapshots,
     )  # fmt: skip
@@ -310,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                 if n:
                     result = rollouts(
                         out, Path(model), n, steps if split == "test" else {}, split=split,
-                        style=style, prompt=prompt, keep_thoughts=args.keep_thoughts,
+                        seed=args.seed, style=style, prompt=prompt,
+                        keep_thoughts=args.keep_thoughts,
                     )  # fmt: skip
                     closed.append((at, split, result))
     history = [msgspec.structs.asdict(h) for h in report.history]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.recipe import chosen_demos
+from bench.recipe import chosen_demos, eval_config
+from runtime.base.config import load_config
 from sites.builtin.suite import generate_suite, plan_length
 
 
@@ -32,3 +33,12 @@ def test_chosen_demos_with_no_bounds_is_every_demonstration(tmp_path: Path) -> N
     every = tmp_path / "demos.jsonl"
     every.write_text(f"{_group(1)}\n")
     assert chosen_demos(every, 0, tasks=0, max_steps=0) == every
+
+
+def test_the_closed_loop_evaluation_runs_on_the_suite_bc_trained_on(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(eval_config(tmp_path / "run", tmp_path / "m", 3, "compact", "short", False))
+    config = load_config(path)
+    assert config.sites.seed == 3
+    assert config.policy.model == str(tmp_path / "m") and config.policy.temperature == 0.0
+    assert config.observation.style == "compact" and not config.scheduler.keep_thoughts
