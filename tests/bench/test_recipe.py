@@ -14,7 +14,7 @@ def _group(task_id: int) -> str:
     return json.dumps({"task_id": task_id, "trajectories": [{"task_id": task_id, "turns": []}]})
 
 
-def test_chosen_demos_keeps_the_first_runs_tasks_in_the_first_runs_order(tmp_path: Path) -> None:
+def test_chosen_demos_keeps_the_tasks_the_first_run_records(tmp_path: Path) -> None:
     train = generate_suite(0)["train"]
     every = tmp_path / "demos.jsonl"
     every.write_text("".join(f"{_group(t.task_id)}\n" for t in reversed(train)))
@@ -25,7 +25,7 @@ def test_chosen_demos_keeps_the_first_runs_tasks_in_the_first_runs_order(tmp_pat
     short = [t for t in train if (plan_length(t) or 99) <= 2][:5]
     assert sorted(kept) == sorted(t.task_id for t in short)
     assert all((plan_length(t) or 99) <= 2 for t in short) and len(kept) == 5
-    # a longer task of the split is left out
+    # the bound mattered: a longer task comes before the last one kept
     assert any((plan_length(t) or 0) > 2 for t in train[: train.index(short[-1])])
 
 
