@@ -18,6 +18,12 @@ the tasks grouped by template (`clustered_se`); for results written before that,
 built-in sites, `--builtin-seed N` takes the templates from the suite of sites' seed N.
 `--ids` lists the task ids each run gained and lost against the base.
 
+With `--builtin-seed N` a further table splits each run by the length of the oracle's plan
+of its tasks (1-3, 4, 5 or more steps: `by_plan_length`), with the scored episodes that
+answered in fewer turns than the plan (an exit before the task can be done) and those that
+ran out (the turn limit, the repeat guard): a policy that learned only short tasks answers
+too soon on long ones; one that roams hits the limit.
+
 RL moves whole templates either way within a few updates, so one trained policy says
 little about its configuration. Runs given the same NAME are seeds of one arm (policies
 trained with different seeds, evaluated on the same tasks): a second table gives each such
@@ -35,10 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import format_table
-from bench.learning_stats import paired_difference, task_rates, task_templates
+from bench.learning_stats import paired_difference, read_jsonl, task_rates, task_templates
+from runtime.base.messages import EVALUATED_STATUSES
 
 HEADERS = ("run", "scored", "solved", "success %", "paired", "vs base (points)",
            "± by template", "only run", "only base", "sign p")  # fmt: skip
+# (lowest, highest) steps of each column of the plan-length table; None: no upper bound
+PLAN_BUCKETS: tuple[tuple[int, int | None], ...] = ((1, 3), (4, 4), (5, None))
+RAN_OUT = frozenset({"max_turns", "repeated_actions"})
 SEED_HEADERS = ("arm", "seeds", "success % (mean)", "vs base (points, mean)", "± over seeds",
                 "per seed")  # fmt: skip
 
@@ -66,6 +76,67 @@ def builtin_templates(seed: int) -> dict[int, int | str]:
         for task in tasks
         if isinstance(task.intent_template_id, int | str)
     }
+
+
+def builtin_plan_lengths(seed: int) -> dict[int, int]:
+    """task_id -> the number of steps of the oracle's plan (its exit included) of every task
+    of the built-in suite of sites' seed `seed`."""
+    from sites.builtin.suite import generate_suite, plan_length
+
+    lengths = {
+        task.task_id: plan_length(task) for tasks in generate_suite(seed).values() for task in tasks
+    }
+    return {task: length for task, length in lengths.items() if length is not None}
+
+
+def by_plan_length(runs: list[tuple[str, Path]], lengths: dict[int, int]) -> list[dict[str, Any]]:
+    """One row per run: `solved` and `tasks` per `PLAN_BUCKETS` column (tasks scored, by the
+    length of their plan), and over its scored episodes of known plan length `episodes`,
+    `early` (exited in fewer turns than the plan) and `ran_out` (`RAN_OUT` statuses).
+    Tasks whose plan is unknown are left out."""
+    rows = []
+    for name, path in runs:
+        rates = task_rates(path)
+        solved = [0] * len(PLAN_BUCKETS)
+        tasks = [0] * len(PLAN_BUCKETS)
+        for task, rate in rates.items():
+            if task not in lengths:
+                continue
+            column = next(
+                k
+                for k, (low, high) in enumerate(PLAN_BUCKETS)
+                if low <= lengths[task] and (high is None or lengths[task] <= high)
+            )
+            tasks[column] += 1
+            solved[column] += rate > 0
+        episodes = early = ran_out = 0
+        for line in read_jsonl(path):
+            plan = lengths.get(int(line["task_id"]))
+            if plan is None:
+                continue
+            for episode in line["episodes"]:
+                if episode["status"] not in EVALUATED_STATUSES or episode.get("unjudged"):
+                    continue
+                episodes += 1
+                early += episode["status"] == "exited" and episode["turns"] < plan
+                ran_out += episode["status"] in RAN_OUT
+        rows.append({"run": name, "solved": solved, "tasks": tasks, "episodes": episodes,
+                     "early": early, "ran_out": ran_out})  # fmt: skip
+    return rows
+
+
+def _plan_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[object]]]:
+    columns = [
+        f"{low}+" if high is None else str(low) if low == high else f"{low}-{high}"
+        for low, high in PLAN_BUCKETS
+    ]
+    headers = ["run", *(f"{c} steps" for c in columns), "episodes", "answered early", "ran out"]
+    table = [
+        [r["run"], *(f"{s}/{t}" for s, t in zip(r["solved"], r["tasks"], strict=True)),
+         r["episodes"], r["early"], r["ran_out"]]
+        for r in rows
+    ]  # fmt: skip
+    return headers, table
 
 
 def compare(
@@ -156,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * a['se_seeds']:.1f}", " ".join(f"{100 * d:+.1f}" for d in a["per_seed"])]
                  for a in arms]  # fmt: skip
         print(format_table(SEED_HEADERS, table, title=f"seeds of one arm against {rows[0]['run']}"))
+    if args.builtin_seed is not None:
+        seed = args.builtin_seed
+        headers, table = _plan_table(by_plan_length(runs, builtin_plan_lengths(seed)))
+        title = f"tasks solved by the length of the oracle's plan (suite of seed {seed})"
+        print(format_table(headers, table, title=title))
     if args.ids:
         for r in rows[1:]:
             print(f"{r['run']}: gained {r['gained']} lost {r['lost']}")

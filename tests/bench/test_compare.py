@@ -111,3 +111,33 @@ def test_success_is_the_mean_of_the_tasks_rates(tmp_path: Path) -> None:
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     row = compare.compare([compare._results(str(folder))])[0]
     assert (row["solved"], row["success"]) == (2, pytest.approx((0.25 + 1.0) / 2))
+
+
+def test_tasks_are_split_by_the_length_of_their_plan(tmp_path: Path) -> None:
+    folder = tmp_path / "eval"
+    folder.mkdir()
+
+    def line(task: int, status: str, reward: float, turns: int) -> str:
+        episode = {"status": status, "reward": reward, "unjudged": False, "turns": turns}
+        return json.dumps({"task_id": task, "episodes": [episode]}) + "\n"
+
+    lines = [
+        line(1, "exited", 1.0, 2),  # plan 2, solved
+        line(2, "exited", 0.0, 2),  # plan 4, answered after 2 turns: early
+        line(3, "max_turns", 0.0, 15),  # plan 6, ran out
+        line(4, "exited", 1.0, 4),  # plan 4, solved
+        line(5, "repeated_actions", 0.0, 3),  # plan 5, ran out (the repeat guard)
+        line(6, "error:policy", 0.0, 1),  # plan 5, not scored: left out
+        line(7, "exited", 0.0, 1),  # no known plan: left out
+    ]
+    (folder / "results.jsonl").write_text("".join(lines))
+    lengths = {1: 2, 2: 4, 3: 6, 4: 4, 5: 5, 6: 5}
+    (row,) = compare.by_plan_length([("rl", folder / "results.jsonl")], lengths)
+    assert (row["solved"], row["tasks"]) == ([1, 1, 0], [1, 2, 2])
+    assert (row["episodes"], row["early"], row["ran_out"]) == (5, 1, 2)
+    headers, table = compare._plan_table([row])
+    assert headers[1:4] == ["1-3 steps", "4 steps", "5+ steps"]
+    assert table == [["rl", "1/1", "1/2", "0/2", 5, 1, 2]]
+    # The built-in suite's plans: every task of seed 0, none shorter than one step (the exit).
+    suite = compare.builtin_plan_lengths(0)
+    assert len(suite) == 219 + 120 + 1427 and min(suite.values()) >= 1
