@@ -34,6 +34,7 @@ over seeds (their standard deviation / sqrt(seeds)), the figure to hold against 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -42,7 +43,7 @@ from typing import Any
 
 from bench.common import format_table
 from bench.learning_stats import paired_difference, read_jsonl, task_rates, task_templates
-from runtime.base.messages import EVALUATED_STATUSES
+from runtime.base.messages import EVALUATED_STATUSES, TaskConfig
 
 HEADERS = ("run", "scored", "solved", "success %", "paired", "vs base (points)",
            "± by template", "only run", "only base", "sign p")  # fmt: skip
@@ -65,15 +66,20 @@ def _results(spec: str) -> tuple[str, Path]:
     return name, results
 
 
+@functools.cache
+def _builtin_tasks(seed: int) -> list[TaskConfig]:
+    """Every task of the built-in suite of sites' seed `seed`, made once per seed."""
+    from sites.builtin.suite import generate_suite
+
+    return [task for tasks in generate_suite(seed).values() for task in tasks]
+
+
 def builtin_templates(seed: int) -> dict[int, int | str]:
     """task_id -> `intent_template_id` of every task of the built-in suite of sites' seed
     `seed` (what `webagent eval` now writes on each line)."""
-    from sites.builtin.suite import generate_suite
-
     return {
         task.task_id: task.intent_template_id
-        for tasks in generate_suite(seed).values()
-        for task in tasks
+        for task in _builtin_tasks(seed)
         if isinstance(task.intent_template_id, int | str)
     }
 
@@ -81,12 +87,19 @@ def builtin_templates(seed: int) -> dict[int, int | str]:
 def builtin_plan_lengths(seed: int) -> dict[int, int]:
     """task_id -> the number of steps of the oracle's plan (its exit included) of every task
     of the built-in suite of sites' seed `seed`."""
-    from sites.builtin.suite import generate_suite, plan_length
+    from sites.builtin.suite import plan_length
 
-    lengths = {
-        task.task_id: plan_length(task) for tasks in generate_suite(seed).values() for task in tasks
-    }
+    lengths = {task.task_id: plan_length(task) for task in _builtin_tasks(seed)}
     return {task: length for task, length in lengths.items() if length is not None}
+
+
+def _plan_column(length: int) -> int:
+    """The `PLAN_BUCKETS` column of a plan of `length` steps."""
+    return next(
+        k
+        for k, (low, high) in enumerate(PLAN_BUCKETS)
+        if low <= length and (high is None or length <= high)
+    )
 
 
 def by_plan_length(runs: list[tuple[str, Path]], lengths: dict[int, int]) -> list[dict[str, Any]]:
@@ -102,11 +115,7 @@ def by_plan_length(runs: list[tuple[str, Path]], lengths: dict[int, int]) -> lis
         for task, rate in rates.items():
             if task not in lengths:
                 continue
-            column = next(
-                k
-                for k, (low, high) in enumerate(PLAN_BUCKETS)
-                if low <= lengths[task] and (high is None or lengths[task] <= high)
-            )
+            column = _plan_column(lengths[task])
             tasks[column] += 1
             solved[column] += rate > 0
         episodes = early = ran_out = 0
