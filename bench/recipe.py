@@ -55,11 +55,13 @@ from policy.prompt import system_prompt
 from runtime.base.config import (
     BCConfig,
     Config,
+    DaemonConfig,
     LearnerConfig,
     ObservationConfig,
     PolicyConfig,
     SchedulerConfig,
     SitesConfig,
+    dump_config,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,13 +154,17 @@ def eval_config(
     run: Path, model: Path, seed: int, style: str, prompt: str, keep_thoughts: bool
 ) -> str:
     """The TOML of a greedy closed-loop evaluation of `model` on the suite of `seed`."""
-    return (
-        f'[policy]\nmodel = "{model}"\ntemperature = 0.0\nmax_tokens = 96\n'
-        f'max_model_len = 4096\nsystem_prompt = "{prompt}"\n'
-        f'[observation]\nstyle = "{style}"\n[daemon]\nrun_dir = "{run}"\n'
-        f"[sites]\nseed = {seed}\n"
-        f"[scheduler]\nkeep_thoughts = {str(keep_thoughts).lower()}\n"
-    )
+    config = Config(
+        policy=PolicyConfig(
+            model=str(model), temperature=0.0, max_tokens=96, max_model_len=4096,
+            system_prompt=prompt,  # type: ignore[arg-type]
+        ),
+        observation=ObservationConfig(style=style),  # type: ignore[arg-type]
+        daemon=DaemonConfig(run_dir=str(run)),
+        sites=SitesConfig(seed=seed),
+        scheduler=SchedulerConfig(keep_thoughts=keep_thoughts),
+    )  # fmt: skip
+    return dump_config(config)
 
 
 def rollouts(
