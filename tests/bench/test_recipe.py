@@ -29,6 +29,28 @@ def test_chosen_demos_keeps_the_tasks_the_first_run_records(tmp_path: Path) -> N
     assert any((plan_length(t) or 0) > 2 for t in train[: train.index(short[-1])])
 
 
+def test_prefixes_of_longer_tasks_keep_their_first_turns(tmp_path: Path) -> None:
+    train = generate_suite(0)["train"]
+    every = tmp_path / "demos.jsonl"
+    turns = [{"index": i} for i in range(6)]
+    every.write_text(
+        "".join(
+            json.dumps(
+                {"task_id": t.task_id, "trajectories": [{"task_id": t.task_id, "turns": turns}]}
+            )
+            + "\n"
+            for t in train
+        )
+    )
+    chosen = chosen_demos(every, 0, tasks=5, max_steps=2, prefixes=3)
+    groups = [json.loads(line) for line in chosen.read_text().splitlines()]
+    longer = [t.task_id for t in train if (plan_length(t) or 0) > 2][:3]
+    assert [g["task_id"] for g in groups[5:]] == longer and len(groups) == 8
+    assert all(len(g["trajectories"][0]["turns"]) == 2 for g in groups[5:])
+    assert all(len(g["trajectories"][0]["turns"]) == 6 for g in groups[:5])  # whole
+    assert chosen.name == "demos-5x2p3.jsonl"
+
+
 def test_chosen_demos_with_no_bounds_is_every_demonstration(tmp_path: Path) -> None:
     every = tmp_path / "demos.jsonl"
     every.write_text(f"{_group(1)}\n")
