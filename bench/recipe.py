@@ -52,7 +52,7 @@ import anyio
 import msgspec
 
 from bench.common import LoadSampler, format_table, load_note, tiny_model, write_result
-from policy.allocator import preload_env
+from policy.allocator import run_self_on
 from policy.profile import settle_auto
 from policy.prompt import system_prompt
 from runtime.base.config import (
@@ -306,10 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/out")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    env = preload_env(os.environ, "auto")
-    if env != dict(os.environ):
-        again = sys.argv[1:] if argv is None else argv
-        os.execve(sys.executable, [sys.executable, "-m", "bench.recipe", *again], env)
+    run_self_on("auto", "bench.recipe", sys.argv[1:] if argv is None else argv)
 
     from learner.bc import behaviour_clone, snapshot_path
 

