@@ -35,14 +35,9 @@ from typing import Any
 
 from bench.common import LoadSampler, finish, load_note, median, tiny_model
 from bench.learner import make_groups
-from policy.allocator import preload_env
+from policy.allocator import preload_env, resident_bytes
 
 GiB = 1024**3
-
-
-def _rss_bytes() -> int:
-    with Path("/proc/self/statm").open() as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,7 +64,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-learner-memory-") as tmp:
         engine = Engine(config, base_model=model, out_dir=tmp)
         engine.open()
-        opened = _rss_bytes()
+        opened = resident_bytes()
         for _ in range(args.updates):
             began = time.perf_counter()
             result = engine.update(groups, Ledger())

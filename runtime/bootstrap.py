@@ -30,6 +30,7 @@ import msgspec
 import structlog
 from anyio.abc import ByteReceiveStream
 
+from policy.allocator import release_free_memory, resident_bytes
 from runtime.base.config import BCConfig, Config, EndpointConfig, dump_config
 from runtime.base.files import write_atomic
 from runtime.base.messages import TaskConfig
@@ -139,6 +140,7 @@ async def prepare_model(
             turns=report.turns,
             failures=len(report.failures),
         )
+    _release_bootstrap_memory()
     log.info(
         "bootstrap.bc",
         base=str(paths.base),
@@ -150,6 +152,20 @@ async def prepare_model(
     summary = await behaviour_clone_process(config, paths, on_step=progress.bc_step)
     log.info("bootstrap.bc_done", **summary)
     return str(paths.bc)
+
+
+def _release_bootstrap_memory() -> None:
+    """What the conversion and the demonstrations freed goes back to the system: the daemon's
+    process holds the learner for as long as it runs, and on TCMalloc it kept about 1.1 GiB
+    of the conversion (`policy.allocator.release_free_memory`)."""
+    before = resident_bytes()
+    allocator = release_free_memory()
+    log.info(
+        "bootstrap.memory_released",
+        allocator=allocator,
+        resident_gib_before=round(before / 2**30, 2),
+        resident_gib_after=round(resident_bytes() / 2**30, 2),
+    )
 
 
 def demo_tasks(train: list[TaskConfig], bc: BCConfig) -> list[TaskConfig]:

@@ -70,3 +70,31 @@ def test_a_training_process_runs_itself_again_on_tcmalloc(monkeypatch: pytest.Mo
     monkeypatch.delenv("LD_PRELOAD")
     allocator.run_self_on("system", "runtime.cli", ["train"])
     assert not calls
+
+
+RELEASE = """
+from policy.allocator import release_free_memory, resident_bytes
+blocks = [bytearray(4 << 20) for _ in range(100)]  # 400 MiB, then freed
+del blocks
+before = resident_bytes()
+print(release_free_memory(), before >> 20, resident_bytes() >> 20)
+"""
+
+
+def test_freed_memory_goes_back_to_the_system() -> None:
+    """TCMalloc keeps what was freed (the daemon's bootstrap: 1.1 GiB of the conversion)
+    until `release_free_memory` hands it back; on glibc's malloc it trims."""
+    if find_tcmalloc() is None:
+        pytest.fail(f"no TCMalloc here: `make setup` installs it ({allocator.TCMALLOC_INSTALL})")
+    released: dict[str, tuple[str, int, int]] = {}
+    for setting in ("tcmalloc", "system"):
+        env = preload_env({"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}, setting)
+        out = subprocess.run(
+            [sys.executable, "-c", RELEASE], env=env, capture_output=True, text=True, check=True
+        )
+        name, before, after = out.stdout.split()
+        released[setting] = (name, int(before), int(after))
+    name, mib_before, mib_after = released["tcmalloc"]
+    assert name == "tcmalloc" and mib_before - mib_after > 300, released
+    name, mib_before, mib_after = released["system"]
+    assert name == "glibc" and mib_after <= mib_before + 16, released
