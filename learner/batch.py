@@ -31,6 +31,8 @@ from runtime.base.messages import TrajectoryGroup
 if TYPE_CHECKING:
     import torch
 
+    from learner.frozen import BottomOutput
+
 __all__ = [
     "MicroBatch",
     "TurnSample",
@@ -303,19 +305,34 @@ def collate(
     )
 
 
-def policy_logprobs(model: Any, batch: MicroBatch, *, temperature: float = 1.0) -> torch.Tensor:
+def policy_logprobs(
+    model: Any,
+    batch: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    below: BottomOutput | None = None,
+) -> torch.Tensor:
     """[N, K] log-probs of `batch.targets` under `model` (a causal LM, peft or not), with
-    the logits divided by the sampling `temperature` (what the server sampled from)."""
+    the logits divided by the sampling `temperature` (what the server sampled from).
+
+    `below`: the output of the model's frozen bottom layers on this batch
+    (`learner.frozen.bottom_output`); the forward then runs only the layers above them.
+    """
+    from learner.frozen import top_layers_only
     from learner.loss import token_logprobs
 
     k = batch.completion_width
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=k + 1,
-        use_cache=False,
-    )
+    common = {
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+        "logits_to_keep": k + 1,
+        "use_cache": False,
+    }
+    if below is None:
+        out = model(input_ids=batch.input_ids, **common)
+    else:
+        with top_layers_only(model, below.layers):
+            out = model(inputs_embeds=below.hidden, **common)
     logits = out.logits[:, :-1, :]
     if temperature != 1.0:
         logits = logits / temperature

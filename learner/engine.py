@@ -6,7 +6,9 @@ through `anyio.to_thread.run_sync`); nothing here touches the event loop.
 One update (`Engine.update`):
 1. advantages per group (`learner.loss.group_advantages`), per-turn samples with the
    triple-mean weights (`learner.batch.build_samples`), micro-batches by token budget;
-2. old log-probs: the server's (`Turn.completion_logprobs`, the default: the behaviour
+2. with `lora_layers` leaving bottom layers frozen, their output, once per micro-batch:
+   every forward below runs only the layers above them (`learner.frozen`);
+   old log-probs: the server's (`Turn.completion_logprobs`, the default: the behaviour
    policy's own, so an update costs one forward+backward per micro-batch), or recomputed
    by the learner before any step (`recompute_logprobs`; eval mode, no grad);
 3. reference log-probs with the adapter disabled (the base model), only when kl_beta > 0;
@@ -77,6 +79,8 @@ from learner.checkpoint import (
 )
 from learner.demos import BCExample
 from learner.errors import BatchError, CheckpointError
+from learner.frozen import TOLERANCE as SPLIT_TOLERANCE
+from learner.frozen import BottomOutput, bottom_output, check_split, frozen_layers
 from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapter
 from learner.loss import group_advantages, mgrpo_loss
 from runtime.base.config import LearnerConfig
@@ -251,6 +255,7 @@ class Engine:
         self._scheduler: Any = None
         self._device = "cpu"
         self._pad_id = 0
+        self._frozen = 0  # bottom layers run once per micro-batch (`_frozen_bottom`)
         if config.mask_think and decode is None:
             raise BatchError("mask_think needs the tokenizer's decode function")
         # "auto" (`runtime.bootstrap.bc_term_of`): the term where demonstrations are given.
@@ -298,6 +303,7 @@ class Engine:
                 step, warmup=cfg.warmup_steps, schedule=cfg.schedule, total=cfg.total_steps
             ),
         )
+        self._frozen = self._frozen_bottom()
         self._open_extra()
         if saved is None:
             self.state = LearnerState(
@@ -322,6 +328,28 @@ class Engine:
                 f"from {self.checkpoints_dir}, not what every rank opened"
             )
         return self.state
+
+    def _frozen_bottom(self) -> int:
+        """How many bottom layers an update runs once per micro-batch (`learner.frozen`):
+        those below the lowest adapted layer, where `reuse_frozen` is on and the model's
+        split forward gives its whole forward's log-probs; else 0."""
+        if not self.config.reuse_frozen:
+            return 0
+        frozen = frozen_layers(self._model)
+        if frozen == 0:
+            return 0
+        difference = check_split(self._model, frozen, self._autocast())
+        usable = difference <= SPLIT_TOLERANCE
+        log.info("learner.frozen_layers", layers=frozen, difference=difference, used=usable)
+        return frozen if usable else 0
+
+    def _below(self, batches: list[MicroBatch]) -> list[BottomOutput | None]:
+        """Each micro-batch's output of the frozen layers (None each where there are none)."""
+        if not self._frozen:
+            return [None] * len(batches)
+        self._model.eval()
+        with self._autocast():
+            return [bottom_output(self._model, mb, self._frozen) for mb in batches]
 
     def _open_extra(self) -> None:
         """What a subclass builds besides the policy before a checkpoint is restored."""
@@ -447,9 +475,11 @@ class Engine:
         mine = cut if dp is None else dp.share(cut)
         batches = [collate(mb, pad_id=self._pad_id).to(self._device) for mb in mine]
         model = self._model
-        old = self._old_logprobs(batches)
-        ref = self._ref_logprobs(batches) if cfg.kl_beta > 0 else [None] * len(batches)
+        below = self._below(batches)
+        old = self._old_logprobs(batches, below)
+        ref = self._ref_logprobs(batches, below) if cfg.kl_beta > 0 else [None] * len(batches)
         demos = self._bc_batches() if cfg.bc_coef > 0 and self.demos else []
+        demos_below = self._below(demos)
         model.train()
         sums = dict.fromkeys(("loss", "clip_fraction", "approx_kl", "ratio_mean", "ref_kl"), 0.0)
         bc_nll = 0.0
@@ -462,7 +492,9 @@ class Engine:
                 self._optimizer.zero_grad(set_to_none=True)
                 for i in share:
                     with self._autocast():
-                        logp = policy_logprobs(model, batches[i], temperature=self.temperature)
+                        logp = policy_logprobs(
+                            model, batches[i], temperature=self.temperature, below=below[i]
+                        )
                     parts = mgrpo_loss(
                         logp,
                         old[i],
@@ -478,9 +510,9 @@ class Engine:
                     (parts.loss * len(shares)).backward()  # type: ignore[no-untyped-call]
                     for key in sums:
                         sums[key] += float(getattr(parts, key).item())
-                for mb in demos:
-                    with self._autocast():
-                        logp = policy_logprobs(model, mb)  # temperature 1, as BC trains
+                for mb, mb_below in zip(demos, demos_below, strict=True):
+                    with self._autocast():  # temperature 1, as BC trains
+                        logp = policy_logprobs(model, mb, below=mb_below)
                     nll = -(mb.weights * logp).sum()
                     (cfg.bc_coef * nll).backward()  # type: ignore[no-untyped-call]
                     bc_nll += float(nll.item())
@@ -569,7 +601,9 @@ class Engine:
             version=version, step=self.state.step, adapter_path=path, metrics=metrics
         )
 
-    def _old_logprobs(self, batches: list[MicroBatch]) -> list[Any]:
+    def _old_logprobs(
+        self, batches: list[MicroBatch], below: list[BottomOutput | None]
+    ) -> list[Any]:
         import torch
 
         if not self.config.recompute_logprobs:
@@ -582,16 +616,18 @@ class Engine:
         self._model.eval()
         with torch.no_grad(), self._autocast():
             return [
-                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
-                for mb in batches
+                policy_logprobs(self._model, mb, temperature=self.temperature, below=b).detach()
+                for mb, b in zip(batches, below, strict=True)
             ]
 
-    def _ref_logprobs(self, batches: list[MicroBatch]) -> list[Any]:
+    def _ref_logprobs(
+        self, batches: list[MicroBatch], below: list[BottomOutput | None]
+    ) -> list[Any]:
         import torch
 
         self._model.eval()
         with torch.no_grad(), self._model.disable_adapter(), self._autocast():
             return [
-                policy_logprobs(self._model, mb, temperature=self.temperature).detach()
-                for mb in batches
+                policy_logprobs(self._model, mb, temperature=self.temperature, below=b).detach()
+                for mb, b in zip(batches, below, strict=True)
             ]

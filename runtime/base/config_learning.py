@@ -110,6 +110,10 @@ class LearnerConfig(Section, frozen=True):
     # thread: forward+backward 5.0 CPU-s with the top 10 against 8.3 with all 30; BC with
     # all 30 at 4,096-token micro-batches was killed for memory at 13.5 GB RSS.
     lora_layers: NonNegative = 10
+    # Run the layers below the lowest adapted one once per micro-batch of an update and
+    # keep their output for its reference and each optimizer pass (`learner.frozen`):
+    # they are the base model's in every one of those forwards.
+    reuse_frozen: bool = True
     # Precision of the learner's and BC's matrix products (weights and optimizer stay
     # float32): "auto" is bfloat16 autocast on a CUDA GPU with bf16, and on a CPU where a
     # short timing says it is faster (`learner.engine.cpu_bfloat16_faster`), else float32.
