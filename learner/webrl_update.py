@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner.batch import TurnSample, collate, micro_batches, policy_logprobs
 from learner.critic import Critic
 from learner.errors import BatchError
 from learner.webrl import ActorParts, actor_loss, step_advantages
 from runtime.base.messages import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from learner.frozen import BottomOutput
 
 __all__ = ["actor_samples", "actor_step"]
 
@@ -75,18 +78,21 @@ def actor_step(
     token_budget: int,
     pad_id: int,
     grad_clip: float = math.inf,
+    below: Sequence[BottomOutput | None] | None = None,
 ) -> ActorParts:
     """One optimizer step over `samples` (their weights summing to one), the gradient's
     norm clipped to `grad_clip`; returns the batch's loss and metrics, summed over its
-    micro-batches."""
+    micro-batches. `below`: each micro-batch's output of the model's frozen bottom layers
+    (`learner.frozen`), in the order `micro_batches(samples, token_budget)` cuts them."""
     import torch
 
     optimizer.zero_grad(set_to_none=True)
     totals = [torch.zeros(()) for _ in ActorParts._fields]
     device = next(model.parameters()).device
-    for chunk in micro_batches(samples, token_budget):
+    chunks = micro_batches(samples, token_budget)
+    for chunk, mb_below in zip(chunks, below or [None] * len(chunks), strict=True):
         mb = collate(chunk, pad_id=pad_id).to(device)
-        logp_new = policy_logprobs(model, mb, temperature=temperature)
+        logp_new = policy_logprobs(model, mb, temperature=temperature, below=mb_below)
         mask = mb.weights > 0
         row_weights = mb.weights.amax(dim=1)  # every trained token of a row has its weight
         parts = actor_loss(logp_new, mb.old_logprobs, mb.advantages, mask, row_weights, beta=beta)

@@ -159,3 +159,37 @@ def test_the_split_forward_is_the_whole_one(four_layers: Path) -> None:
         raise RuntimeError("inside")
     assert len(model.get_base_model().model.layers) == 4
     assert frozen_layers(torch.nn.Linear(2, 2)) == 0  # no layers to split
+
+
+def test_a_webrl_phase_trains_the_same_actor_with_the_frozen_bottom_kept(
+    tmp_path: Path, four_layers: Path, make_group: MakeGroup
+) -> None:
+    from safetensors.torch import load_file
+
+    from learner.webrl_engine import WebRLEngine
+    from runtime.base.config import WebRLConfig
+
+    groups = [
+        make_group(1, group_id="a", rewards=[1, 0, 1], vocab=500),
+        make_group(2, group_id="b", rewards=[0, 1], vocab=500),
+    ]
+    cfg = LearnerConfig(
+        algorithm="webrl", batch_groups=2, lora_rank=4, lora_alpha=8, lora_layers=2,
+        learning_rate=1e-2, optimizer_steps=2, micro_batch_tokens=64, compute_dtype="float32",
+    )  # fmt: skip
+    weights = {}
+    for reuse in (False, True):
+        engine = WebRLEngine(
+            msgspec.structs.replace(cfg, reuse_frozen=reuse),
+            WebRLConfig(critic_steps=2, critic_batch=4),
+            base_model=four_layers,
+            out_dir=tmp_path / str(reuse),
+        )
+        engine.open()
+        assert engine._frozen == (2 if reuse else 0)
+        result = engine.update(groups, Ledger())
+        assert result.metrics["samples"] > 0
+        weights[reuse] = load_file(str(result.adapter_path / "adapter_model.safetensors"))
+    assert any(v.abs().sum() > 0 for k, v in weights[True].items() if "lora_B" in k)  # trained
+    for key, value in weights[False].items():
+        torch.testing.assert_close(weights[True][key], value, rtol=0, atol=1e-6)
