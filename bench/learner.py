@@ -54,7 +54,9 @@ from bench.common import (
     tiny_model,
 )
 from learner.batch import build_samples, collate, micro_batches
+from learner.bc_scoring import bc_samples
 from learner.checkpoint import Ledger
+from learner.demos import BCExample
 from learner.engine import Engine, compute_autocast
 from learner.loss import group_advantages
 from runtime.base.config import LearnerConfig
@@ -106,8 +108,40 @@ def make_groups(args: argparse.Namespace, vocab: int) -> list[TrajectoryGroup]:
     return groups
 
 
-def bare_setup(model_dir: Path, config: LearnerConfig, groups: list[TrajectoryGroup]) -> Any:
-    """The model with the same LoRA and AdamW, and the update's padded micro-batches."""
+def make_demos(args: argparse.Namespace, vocab: int) -> list[BCExample]:
+    """`--bc-turns` demonstrated turns of random ids, sized as the groups' turns: the BC
+    term's turns (every update draws all of them)."""
+    rng = random.Random(1)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(
+            rng.randrange(3, vocab) for _ in range(max(1, round(n * rng.uniform(0.75, 1.25))))
+        )
+
+    demos = []
+    for i in range(args.bc_turns):
+        completion = ids(args.completion_tokens)
+        demos.append(
+            BCExample(
+                task_id=i,
+                episode_id=f"demo{i}",
+                turn=0,
+                prompt_ids=ids(args.prompt_tokens),
+                completion_ids=completion,
+                action_mask=(True,) * len(completion),
+            )
+        )
+    return demos
+
+
+def bare_setup(
+    model_dir: Path,
+    config: LearnerConfig,
+    groups: list[TrajectoryGroup],
+    demos: list[BCExample],
+) -> Any:
+    """The model with the same LoRA and AdamW, and the update's padded micro-batches (its
+    groups', then its BC term's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -128,6 +162,7 @@ def bare_setup(model_dir: Path, config: LearnerConfig, groups: list[TrajectoryGr
         for g in groups
     ]
     samples = build_samples(groups, [a.tolist() for a in advantages])
+    samples += bc_samples(demos, scoring=False)
     batches = [collate(mb, pad_id=pad) for mb in micro_batches(samples, config.micro_batch_tokens)]
     return model, optimizer, batches
 
@@ -166,21 +201,23 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
     groups = make_groups(args, vocab)
+    demos = make_demos(args, vocab)
     config = LearnerConfig(
         device="cpu", torch_threads=args.threads, batch_groups=args.batch_groups,
         keep_checkpoints=1, lora_layers=args.lora_layers, recompute_logprobs=args.recompute,
-        compute_dtype=args.compute_dtype,
+        compute_dtype=args.compute_dtype, bc_coef=1.0 if demos else 0.0,
+        bc_turns=max(1, len(demos)), bc_demos="bench" if demos else "",
     )  # fmt: skip
     update_s, train_s, save_s, bare_s, forward_s, rerun_s = [], [], [], [], [], []
-    model, optimizer, batches = bare_setup(model_dir, config, groups)
+    model, optimizer, batches = bare_setup(model_dir, config, groups, demos)
     with tempfile.TemporaryDirectory(prefix="bench-learner-") as tmp:
-        engine = Engine(config, base_model=model_dir, out_dir=Path(tmp) / "reuse")
+        engine = Engine(config, base_model=model_dir, out_dir=Path(tmp) / "reuse", demos=demos)
         engine.open()
         # The same update with the frozen bottom layers run again in every forward.
         rerun = None
         if engine._frozen:
             no_reuse = msgspec.structs.replace(config, reuse_frozen=False)
-            rerun = Engine(no_reuse, base_model=model_dir, out_dir=Path(tmp) / "rerun")
+            rerun = Engine(no_reuse, base_model=model_dir, out_dir=Path(tmp) / "rerun", demos=demos)
             rerun.open()
         # Interleaved, so that all see the same load; the first round is a warm-up.
         for k in range(args.repeats + 1):
@@ -213,6 +250,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         "micro_batches": int(metrics["micro_batches"]),
         "sample_tokens": sum(len(t.prompt_token_ids) + len(t.completion_token_ids)
                              for g in groups for tr in g.trajectories for t in tr.turns),
+        "bc_turns": len(demos),
+        "bc_tokens": sum(len(d.prompt_ids) + len(d.completion_ids) for d in demos),
         "padded_tokens": sum(int(mb.input_ids.numel()) for mb in batches),
         "update_s": update_s,
         "train_s": train_s,
@@ -236,6 +275,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--completion-tokens", type=int, default=40)
+    parser.add_argument(
+        "--bc-turns", type=int, default=0,
+        help="demonstrated turns of the BC term (learner.bc_coef 1, as the daemon's default "
+        "with its demonstrations: 32), sized as the turns; the bare loop trains them too",
+    )  # fmt: skip
     parser.add_argument(
         "--lora-layers", type=int, default=LearnerConfig().lora_layers,
         help="LoRA on the top N layers only (learner.lora_layers; 0: all)",
@@ -281,7 +325,12 @@ def main() -> None:
     table: dict[str, Any] = {
         "title": (
             f"one update: {result['samples']} turns, {result['sample_tokens']} tokens "
-            f"({result['padded_tokens']} padded, {result['micro_batches']} micro-batches, "
+            + (
+                f"+ the BC term's {result['bc_turns']} turns, {result['bc_tokens']} tokens "
+                if result["bc_turns"]
+                else ""
+            )
+            + f"({result['padded_tokens']} padded, {result['micro_batches']} micro-batches, "
             f"{result['trained_tokens']} trained), torch threads {result['threads']}, "
             f"medians of {args.repeats}"
         ),
