@@ -64,11 +64,16 @@ from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
 from runtime.logs import configure_logging
 
 
+def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    """About `n` (+-25%) random ids of the vocabulary, none of the first 3 (special)."""
+    return [rng.randrange(3, vocab) for _ in range(max(1, round(n * rng.uniform(0.75, 1.25))))]
+
+
 def make_groups(args: argparse.Namespace, vocab: int) -> list[TrajectoryGroup]:
     rng = random.Random(0)
 
     def ids(n: int) -> list[int]:
-        return [rng.randrange(3, vocab) for _ in range(max(1, round(n * rng.uniform(0.75, 1.25))))]
+        return random_ids(rng, n, vocab)
 
     groups = []
     for g in range(args.batch_groups):
@@ -114,9 +119,7 @@ def make_demos(args: argparse.Namespace, vocab: int) -> list[BCExample]:
     rng = random.Random(1)
 
     def ids(n: int) -> tuple[int, ...]:
-        return tuple(
-            rng.randrange(3, vocab) for _ in range(max(1, round(n * rng.uniform(0.75, 1.25))))
-        )
+        return tuple(random_ids(rng, n, vocab))
 
     demos = []
     for i in range(args.bc_turns):

@@ -77,9 +77,9 @@ def make_group() -> MakeGroup:
 
 @pytest.fixture(scope="session")
 def tiny_qwen() -> Callable[..., Any]:
-    """`tiny_qwen(vocab=64, seed=0)`: a randomly initialised 2-layer Qwen2 (eval mode)."""
+    """`tiny_qwen(vocab=64, seed=0, layers=2)`: a randomly initialised Qwen2 (eval mode)."""
 
-    def make(vocab: int = 64, seed: int = 0, hidden: int = 32) -> Any:
+    def make(vocab: int = 64, seed: int = 0, hidden: int = 32, layers: int = 2) -> Any:
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -88,7 +88,7 @@ def tiny_qwen() -> Callable[..., Any]:
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=2 * hidden,
-            num_hidden_layers=2,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=256,
@@ -101,6 +101,22 @@ def tiny_qwen() -> Callable[..., Any]:
         return Qwen2ForCausalLM(config).eval()
 
     return make
+
+
+def random_demos(seed: int, count: int, vocab: int = 500) -> list[Any]:
+    """`count` demonstrated turns (`learner.demos.BCExample`) of random ids."""
+    from learner.demos import BCExample
+
+    rng = random.Random(seed)
+    demos = []
+    for i in range(count):
+        completion = tuple(rng.randrange(3, vocab) for _ in range(rng.randint(2, 6)))
+        demos.append(BCExample(
+            task_id=i, episode_id=f"d{i}", turn=0,
+            prompt_ids=tuple(rng.randrange(3, vocab) for _ in range(rng.randint(4, 12))),
+            completion_ids=completion, action_mask=(True,) * len(completion),
+        ))  # fmt: skip
+    return demos
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from learner.engine import Engine
 from learner.frozen import bottom_output, check_split, frozen_layers, top_layers_only
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import TrajectoryGroup
+from tests.learner.conftest import random_demos
 
 MakeGroup = Callable[..., TrajectoryGroup]
 
@@ -40,40 +40,15 @@ CONFIG = LearnerConfig(
 
 
 @pytest.fixture(scope="module")
-def four_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def four_layers(tmp_path_factory: pytest.TempPathFactory, tiny_qwen: Callable[..., Any]) -> Path:
     """A saved randomly initialised 4-layer Qwen2: LoRA on the top 2 leaves 2 frozen."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=500,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
     out = tmp_path_factory.mktemp("models") / "four"
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    tiny_qwen(vocab=500, layers=4).save_pretrained(out)
     return out
 
 
 def demos() -> list[BCExample]:
-    rng = random.Random(5)
-    made = []
-    for i in range(8):
-        completion = tuple(rng.randrange(3, 500) for _ in range(rng.randint(2, 6)))
-        made.append(BCExample(
-            task_id=i, episode_id=f"d{i}", turn=0,
-            prompt_ids=tuple(rng.randrange(3, 500) for _ in range(rng.randint(4, 12))),
-            completion_ids=completion, action_mask=(True,) * len(completion),
-        ))  # fmt: skip
-    return made
+    return random_demos(5, 8)
 
 
 def test_an_update_runs_the_frozen_layers_once_and_trains_the_same_adapter(

@@ -22,6 +22,7 @@ from learner.lora import verify_adapter
 from learner.trainer import Learner
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import AdapterPublished, Event, TrajectoryGroup, UpdateApplied
+from tests.learner.conftest import random_demos
 
 MakeGroup = Callable[..., TrajectoryGroup]
 
@@ -261,23 +262,13 @@ def test_the_bc_term_adds_its_coefficient_times_the_demonstrations_gradient(
     """At lr 0, a step's gradient with `bc_coef` c is the M-GRPO gradient plus c times the
     gradient of the drawn turns' mean NLL, and `bc_nll` is that NLL; the draw is fixed by
     seed and version."""
-    import random
 
     from learner.bc_scoring import bc_samples, completion_logits
     from learner.checkpoint import Ledger
-    from learner.demos import BCExample
     from learner.engine import Engine
     from learner.loss import token_logprobs
 
-    rng = random.Random(5)
-    demos = []
-    for i in range(12):
-        completion = tuple(rng.randrange(3, 500) for _ in range(rng.randint(2, 6)))
-        demos.append(BCExample(
-            task_id=i, episode_id=f"d{i}", turn=0,
-            prompt_ids=tuple(rng.randrange(3, 500) for _ in range(rng.randint(4, 12))),
-            completion_ids=completion, action_mask=(True,) * len(completion),
-        ))  # fmt: skip
+    demos = random_demos(5, 12)
     groups = [group(make_group, 1, "a", [1, 0, 1], 0), group(make_group, 2, "b", [0, 1], 0)]
     grads: dict[float, list[torch.Tensor]] = {}
     metrics = {}
