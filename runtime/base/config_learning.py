@@ -112,7 +112,8 @@ class LearnerConfig(Section, frozen=True):
     lora_layers: NonNegative = 10
     # Run the layers below the lowest adapted one once per micro-batch of an update and
     # keep their output for its reference and each optimizer pass (`learner.frozen`):
-    # they are the base model's in every one of those forwards.
+    # they are the base model's in every one of those forwards. SmolLM2, top-10 LoRA, 16
+    # turns + the BC term's 16, 2 threads: an update 48.5 s against 61.3 s (bench.learner).
     reuse_frozen: bool = True
     # Precision of the learner's and BC's matrix products (weights and optimizer stay
     # float32): "auto" is bfloat16 autocast on a CUDA GPU with bf16, and on a CPU where a
