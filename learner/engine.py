@@ -62,6 +62,7 @@ import structlog
 from learner.batch import (
     Decode,
     MicroBatch,
+    TurnSample,
     build_samples,
     collate,
     micro_batches,
@@ -80,7 +81,7 @@ from learner.checkpoint import (
 from learner.demos import BCExample
 from learner.errors import BatchError, CheckpointError
 from learner.frozen import TOLERANCE as SPLIT_TOLERANCE
-from learner.frozen import BottomOutput, bottom_output, check_split, frozen_layers
+from learner.frozen import BottomOutput, bottom_output, frozen_layers
 from learner.lora import adapter_name, attach_lora, base_fingerprint, save_adapter
 from learner.loss import group_advantages, mgrpo_loss
 from runtime.base.config import LearnerConfig
@@ -98,6 +99,7 @@ __all__ = [
     "enable_checkpointing",
     "lr_factor",
     "resolve_device",
+    "split_difference",
 ]
 
 
@@ -197,6 +199,41 @@ def enable_checkpointing(model: Any) -> None:
     """Gradient checkpointing of every transformer layer (non-reentrant, so frozen inputs
     need no `requires_grad`); it acts in training mode only."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def split_difference(model: Any, frozen: int, autocast: Any) -> float:
+    """The largest log-prob difference between the whole forward and the split one on two
+    short sequences of seeded random ids, one left-padded (`autocast`: the learner's
+    precision)."""
+    import torch
+
+    rng = random.Random(0)
+    vocab = int(model.config.vocab_size)
+
+    def sample(prompt: int) -> TurnSample:
+        return TurnSample(
+            group_id="check",
+            episode_id="check",
+            turn=0,
+            prompt_ids=tuple(rng.randrange(vocab) for _ in range(prompt)),
+            completion_ids=tuple(rng.randrange(vocab) for _ in range(8)),
+            mask=(True,) * 8,
+            old_logprobs=(),
+            advantage=0.0,
+            weight=1.0,
+        )
+
+    device = next(model.parameters()).device
+    batch = collate([sample(24), sample(16)], pad_id=0).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast:
+            whole = policy_logprobs(model, batch)
+            split = policy_logprobs(model, batch, below=bottom_output(model, batch, frozen))
+    finally:
+        model.train(was_training)
+    return float((whole.float() - split.float()).abs().max().item())
 
 
 def lr_factor(step: int, *, warmup: int, schedule: str, total: int) -> float:
@@ -338,7 +375,7 @@ class Engine:
         frozen = frozen_layers(self._model)
         if frozen == 0:
             return 0
-        difference = check_split(self._model, frozen, self._autocast())
+        difference = split_difference(self._model, frozen, self._autocast())
         usable = difference <= SPLIT_TOLERANCE
         log.info("learner.frozen_layers", layers=frozen, difference=difference, used=usable)
         return frozen if usable else 0

@@ -13,8 +13,8 @@ term's 16, 2 threads, 48.5 s an update against 61.3 s (`python -m bench.learner`
 
 The split relies on the model's forward taking `inputs_embeds` as the first layer's input
 and looping over its `layers` list, which holds for the Llama family (SmolLM2, Qwen2,
-Mistral) in transformers 5. `check_split` compares both ways on a short sequence when the
-learner opens; a model whose log-probs differ is run whole (`frozen_layers` 0).
+Mistral) in transformers 5. `learner.engine.split_difference` compares both ways on a
+short sequence when the learner opens; a model whose log-probs differ is run whole.
 """
 
 from __future__ import annotations
@@ -22,18 +22,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from learner.batch import MicroBatch
+__all__ = ["TOLERANCE", "BottomOutput", "bottom_output", "frozen_layers", "top_layers_only"]
 
-__all__ = ["BottomOutput", "bottom_output", "check_split", "frozen_layers", "top_layers_only"]
-
-# Largest log-prob difference between the split and the whole forward that `check_split`
-# accepts: the same operations in the same order (measured 0.0 on SmolLM2, float32 and
-# bfloat16 autocast).
+# Largest log-prob difference between the split and the whole forward that the learner
+# accepts (`learner.engine.split_difference`): the same operations in the same order
+# (measured 0.0 on SmolLM2, float32 and bfloat16 autocast).
 TOLERANCE = 1e-4
 
 
@@ -43,6 +41,17 @@ class BottomOutput:
 
     hidden: torch.Tensor
     layers: int
+
+
+class Batch(Protocol):
+    """What the bottom's forward reads of a micro-batch (`learner.batch.MicroBatch`)."""
+
+    @property
+    def input_ids(self) -> torch.Tensor: ...
+    @property
+    def attention_mask(self) -> torch.Tensor: ...
+    @property
+    def position_ids(self) -> torch.Tensor: ...
 
 
 class _Reached(Exception):
@@ -68,7 +77,7 @@ def frozen_layers(model: Any) -> int:
     return 0  # nothing trainable: nothing to split for
 
 
-def bottom_output(model: Any, batch: MicroBatch, frozen: int) -> BottomOutput:
+def bottom_output(model: Any, batch: Batch, frozen: int) -> BottomOutput:
     """The hidden state of `batch` after the model's `frozen` bottom layers, without grad."""
     import torch
 
@@ -107,42 +116,3 @@ def top_layers_only(model: Any, frozen: int) -> Iterator[None]:
         yield
     finally:
         decoder.layers = whole
-
-
-def check_split(model: Any, frozen: int, autocast: Any) -> float:
-    """The largest log-prob difference between the whole forward and the split one on two
-    short sequences of seeded random ids, one left-padded (`autocast`: the learner's
-    precision)."""
-    import random
-
-    import torch
-
-    from learner.batch import TurnSample, collate, policy_logprobs
-
-    rng = random.Random(0)
-    vocab = int(model.config.vocab_size)
-
-    def sample(prompt: int) -> TurnSample:
-        return TurnSample(
-            group_id="check",
-            episode_id="check",
-            turn=0,
-            prompt_ids=tuple(rng.randrange(vocab) for _ in range(prompt)),
-            completion_ids=tuple(rng.randrange(vocab) for _ in range(8)),
-            mask=(True,) * 8,
-            old_logprobs=(),
-            advantage=0.0,
-            weight=1.0,
-        )
-
-    device = next(model.parameters()).device
-    batch = collate([sample(24), sample(16)], pad_id=0).to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), autocast:
-            whole = policy_logprobs(model, batch)
-            split = policy_logprobs(model, batch, below=bottom_output(model, batch, frozen))
-    finally:
-        model.train(was_training)
-    return float((whole.float() - split.float()).abs().max().item())

@@ -12,8 +12,8 @@ import torch
 
 from learner.checkpoint import Ledger
 from learner.demos import BCExample
-from learner.engine import Engine
-from learner.frozen import bottom_output, check_split, frozen_layers, top_layers_only
+from learner.engine import Engine, split_difference
+from learner.frozen import bottom_output, frozen_layers, top_layers_only
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import TrajectoryGroup
 from tests.learner.conftest import random_demos
@@ -96,7 +96,7 @@ def test_a_model_whose_split_differs_runs_whole(
 ) -> None:
     import learner.engine
 
-    monkeypatch.setattr(learner.engine, "check_split", lambda *_: 0.5)
+    monkeypatch.setattr(learner.engine, "split_difference", lambda *_: 0.5)
     engine = Engine(CONFIG, base_model=four_layers, out_dir=tmp_path, demos=demos())
     engine.open()
     assert engine._frozen == 0
@@ -114,7 +114,7 @@ def test_the_split_forward_is_the_whole_one(four_layers: Path) -> None:
         if "lora_B" in name:  # the adapter changes the top layers' output
             torch.nn.init.normal_(param, std=0.1)
     assert frozen_layers(model) == 2
-    assert check_split(model, 2, torch.autocast("cpu", enabled=False)) == 0.0
+    assert split_difference(model, 2, torch.autocast("cpu", enabled=False)) == 0.0
     # The bottom's output is the whole forward's hidden state after layer 2.
     batch_ids = torch.tensor([[5, 6, 7, 8]])
     whole = model(input_ids=batch_ids, output_hidden_states=True, use_cache=False)
