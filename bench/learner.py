@@ -57,8 +57,9 @@ from learner.batch import build_samples, collate, micro_batches
 from learner.bc_scoring import bc_samples
 from learner.checkpoint import Ledger
 from learner.demos import BCExample
-from learner.engine import Engine, compute_autocast
+from learner.engine import Engine
 from learner.loss import group_advantages
+from learner.precision import compute_autocast
 from runtime.base.config import LearnerConfig
 from runtime.base.messages import Trajectory, TrajectoryGroup, Turn
 from runtime.logs import configure_logging

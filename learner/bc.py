@@ -71,10 +71,11 @@ from learner.bc_scoring import (
     whole_episodes,
 )
 from learner.demos import BCExample, demo_examples, read_demos, split_heldout
-from learner.engine import compute_autocast, lr_factor, resolve_device
+from learner.engine import lr_factor
 from learner.errors import LearnerError, TrainingError
 from learner.lora import attach_lora
 from learner.loss import token_logprobs
+from learner.precision import compute_autocast, resolve_device
 from policy.prompt import PromptRenderer
 from runtime.base.config import BCConfig, LearnerConfig
 from runtime.base.files import write_folder

@@ -35,8 +35,9 @@ import structlog
 
 from learner.checkpoint import Ledger
 from learner.distributed import DataParallel
-from learner.engine import Engine, resolve_device
+from learner.engine import Engine
 from learner.errors import TrainingError
+from learner.precision import resolve_device
 from runtime.base.config import LearnerConfig
 from runtime.base.http import free_port
 from runtime.base.messages import TrajectoryGroup

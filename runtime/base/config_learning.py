@@ -117,7 +117,7 @@ class LearnerConfig(Section, frozen=True):
     reuse_frozen: bool = True
     # Precision of the learner's and BC's matrix products (weights and optimizer stay
     # float32): "auto" is bfloat16 autocast on a CUDA GPU with bf16, and on a CPU where a
-    # short timing says it is faster (`learner.engine.cpu_bfloat16_faster`), else float32.
+    # short timing says it is faster (`learner.precision.cpu_bfloat16_faster`), else float32.
     # SmolLM2-135M, top-10 LoRA, 8 x 520 tokens, 2 threads: on a Zen 4 660 trained tokens/s
     # against 380 in float32; on a Xeon with AVX512-BF16 and no AMX 271 against 437.
     # Log-probs in bfloat16 differ from float32 by 4e-4 (median), 0.10 (max).

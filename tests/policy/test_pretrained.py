@@ -179,8 +179,8 @@ async def test_vllm_serves_it_with_a_lora_and_logprobs_agree(
     for the server in the dtype `policy.dtype` "auto" chooses on this CPU."""
     import torch
 
-    from learner.engine import compute_autocast
     from learner.loss import token_logprobs
+    from learner.precision import compute_autocast
 
     model = _adapter(smollm2, tmp_path / "lora", scale=0.02)
     renderer = PromptRenderer.from_model(smollm2)
