@@ -37,10 +37,10 @@ they are those of the distribution the server sampled from (vLLM's processed log
 top-p truncation is not reproduced (with top_p < 1 the server's log-probs are of the
 truncated distribution: recompute them).
 The model and optimizer are float32, its products bfloat16 where `learner.compute_dtype`
-says so (`learner.precision.compute_autocast`); `torch_threads` is applied in every calling thread, and
-again before every forward pass of a model, as `threads()` says at the time where it is
-set (the daemon: all cores while no episode runs, so that the learner takes the CPU the
-rollouts leave idle).
+says so (`learner.precision.compute_autocast`); `torch_threads` is applied in every
+calling thread, and again before every forward pass of a model, as `threads()` says at the
+time where it is set (the daemon: all cores while no episode runs, so that the learner
+takes the CPU the rollouts leave idle).
 """
 
 from __future__ import annotations

@@ -198,20 +198,18 @@ class WebRLEngine(Engine):
         model = self._model
         totals = [0.0, 0.0, 0.0]
         steps = cfg.optimizer_steps if samples else 0
+        batches = [
+            collate(chunk, pad_id=self._pad_id).to(self._device)
+            for chunk in micro_batches(samples, cfg.micro_batch_tokens)
+        ]
         # The frozen bottom layers' output, once for all the steps (`learner.frozen`).
-        below = self._below(
-            [
-                collate(chunk, pad_id=self._pad_id).to(self._device)
-                for chunk in micro_batches(samples, cfg.micro_batch_tokens)
-            ]
-        )
+        below = self._below(batches)
         model.train()
         for _ in range(steps):
             with self._autocast():
                 parts = actor_step(
-                    model, self._optimizer, samples, beta=w.beta,
-                    temperature=self.temperature, token_budget=cfg.micro_batch_tokens,
-                    pad_id=self._pad_id, grad_clip=cfg.grad_clip, below=below,
+                    model, self._optimizer, batches, beta=w.beta,
+                    temperature=self.temperature, grad_clip=cfg.grad_clip, below=below,
                 )  # fmt: skip
             self._scheduler.step()
             totals = [t + float(p) for t, p in zip(totals, parts, strict=True)]

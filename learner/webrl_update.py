@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from learner.batch import TurnSample, collate, micro_batches, policy_logprobs
+from learner.batch import MicroBatch, TurnSample, policy_logprobs
 from learner.critic import Critic
 from learner.errors import BatchError
 from learner.webrl import ActorParts, actor_loss, step_advantages
@@ -71,27 +71,23 @@ def actor_samples(
 def actor_step(
     model: Any,
     optimizer: Any,
-    samples: Sequence[TurnSample],
+    batches: Sequence[MicroBatch],
     *,
     beta: float,
     temperature: float,
-    token_budget: int,
-    pad_id: int,
     grad_clip: float = math.inf,
     below: Sequence[BottomOutput | None] | None = None,
 ) -> ActorParts:
-    """One optimizer step over `samples` (their weights summing to one), the gradient's
-    norm clipped to `grad_clip`; returns the batch's loss and metrics, summed over its
-    micro-batches. `below`: each micro-batch's output of the model's frozen bottom layers
-    (`learner.frozen`), in the order `micro_batches(samples, token_budget)` cuts them."""
+    """One optimizer step over the collated micro-batches of a phase's samples (their
+    weights summing to one: `micro_batches` then `collate`, on the model's device), the
+    gradient's norm clipped to `grad_clip`; returns the batch's loss and metrics, summed
+    over its micro-batches. `below`: each micro-batch's output of the model's frozen
+    bottom layers (`learner.frozen`), in the same order."""
     import torch
 
     optimizer.zero_grad(set_to_none=True)
     totals = [torch.zeros(()) for _ in ActorParts._fields]
-    device = next(model.parameters()).device
-    chunks = micro_batches(samples, token_budget)
-    for chunk, mb_below in zip(chunks, below or [None] * len(chunks), strict=True):
-        mb = collate(chunk, pad_id=pad_id).to(device)
+    for mb, mb_below in zip(batches, below or [None] * len(batches), strict=True):
         logp_new = policy_logprobs(model, mb, temperature=temperature, below=mb_below)
         mask = mb.weights > 0
         row_weights = mb.weights.amax(dim=1)  # every trained token of a row has its weight

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from learner.batch import collate, policy_logprobs
+from learner.batch import MicroBatch, TurnSample, collate, micro_batches, policy_logprobs
 from learner.critic import Critic
 from learner.errors import BatchError
 from learner.webrl_update import actor_samples, actor_step
@@ -103,19 +103,14 @@ def test_steps_move_log_ratios_toward_advantage_over_beta(tiny_qwen: Callable[..
     samples = actor_samples(groups, Critic(tiny_qwen(seed=1), seed=1), lam=0.5, gamma=0.9)
     assert {s.advantage > 0 for s in samples} == {True, False}
     frozen = torch.optim.SGD(policy.parameters(), lr=0.0)
-    whole = actor_step(
-        policy, frozen, samples, beta=0.5, temperature=1.0, token_budget=10_000, pad_id=0
-    )
-    split = actor_step(
-        policy, frozen, samples, beta=0.5, temperature=1.0, token_budget=12, pad_id=0
-    )
+    whole = actor_step(policy, frozen, _batches(samples, 10_000), beta=0.5, temperature=1.0)
+    split = actor_step(policy, frozen, _batches(samples, 12), beta=0.5, temperature=1.0)
     assert split.loss.item() == pytest.approx(whole.loss.item(), rel=1e-5)
     assert whole.log_ratio.item() == pytest.approx(0.0, abs=1e-5)  # the reference is itself
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
+    batches = _batches(samples, 64)
     losses = [
-        actor_step(
-            policy, optimizer, samples, beta=0.5, temperature=1.0, token_budget=64, pad_id=0
-        ).loss.item()
+        actor_step(policy, optimizer, batches, beta=0.5, temperature=1.0).loss.item()
         for _ in range(30)
     ]
     assert losses[-1] < 0.2 * losses[0]
@@ -123,3 +118,7 @@ def test_steps_move_log_ratios_toward_advantage_over_beta(tiny_qwen: Callable[..
         now = sum(_logprobs(policy, list(sample.prompt_ids), list(sample.completion_ids)))
         ratio = now - sum(sample.old_logprobs)
         assert (ratio > 0) == (sample.advantage > 0), (ratio, sample.advantage)
+
+
+def _batches(samples: list[TurnSample], token_budget: int) -> list[MicroBatch]:
+    return [collate(chunk, pad_id=0) for chunk in micro_batches(samples, token_budget)]
