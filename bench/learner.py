@@ -257,6 +257,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         "bc_turns": len(demos),
         "bc_tokens": sum(len(d.prompt_ids) + len(d.completion_ids) for d in demos),
         "padded_tokens": sum(int(mb.input_ids.numel()) for mb in batches),
+        "bare_micro_batches": len(batches),
         "update_s": update_s,
         "train_s": train_s,
         "save_s": save_s,
@@ -334,7 +335,8 @@ def main() -> None:
                 if result["bc_turns"]
                 else ""
             )
-            + f"({result['padded_tokens']} padded, {result['micro_batches']} micro-batches, "
+            + f"({result['padded_tokens']} padded in {result['bare_micro_batches']} "
+            f"micro-batches, the sampled turns' {result['micro_batches']}; "
             f"{result['trained_tokens']} trained), torch threads {result['threads']}, "
             f"medians of {args.repeats}"
         ),
