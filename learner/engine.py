@@ -493,7 +493,11 @@ class Engine:
     def _bc_batches(self) -> list[MicroBatch]:
         assert self.state is not None
         drawn = bc_samples(self.bc_draw(self.state.version), scoring=False)
-        cut = micro_batches(drawn, self.config.micro_batch_tokens)
+        return self._collated(drawn)
+
+    def _collated(self, samples: Sequence[TurnSample]) -> list[MicroBatch]:
+        """`samples` cut into micro-batches of `micro_batch_tokens`, collated on the device."""
+        cut = micro_batches(samples, self.config.micro_batch_tokens)
         return [collate(mb, pad_id=self._pad_id).to(self._device) for mb in cut]
 
     def _commit(

@@ -198,10 +198,7 @@ class WebRLEngine(Engine):
         model = self._model
         totals = [0.0, 0.0, 0.0]
         steps = cfg.optimizer_steps if samples else 0
-        batches = [
-            collate(chunk, pad_id=self._pad_id).to(self._device)
-            for chunk in micro_batches(samples, cfg.micro_batch_tokens)
-        ]
+        batches = self._collated(samples)
         # The frozen bottom layers' output, once for all the steps (`learner.frozen`).
         below = self._below(batches)
         model.train()
