@@ -33,6 +33,7 @@ __all__ = [
     "ACTION_NAMES",
     "MAX_ANSWER_CHARS",
     "MAX_COMPLETION_CHARS",
+    "MAX_INT_BITS",
     "Completion",
     "format_action",
     "parse_action",
@@ -64,6 +65,10 @@ _BY_LOWER: Final[dict[str, str]] = {name.lower(): name for name in _NEEDS}
 MAX_ANSWER_CHARS: Final = 4000
 # Longer replies are refused before any scan (a 2048-token reply is far shorter).
 MAX_COMPLETION_CHARS: Final = 200_000
+# Larger integer literals are refused: Python will not write an int of more than 4300
+# digits as text (a ValueError, not a ParseError), and a hex literal within
+# MAX_ANSWER_CHARS can be one. 256 bits is 77 digits, more than any id or typed number.
+MAX_INT_BITS: Final = 256
 
 # A literal argument value of the DSL.
 _Value = str | int | float | None
@@ -227,6 +232,11 @@ def _literal(node: ast.expr, func: str, where: str) -> _Value:
             return None
         if isinstance(value, str) and not negative:
             return _text_literal(value, func, where)
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            raise ParseError(
+                f"{func}(): {where} is a number of {value.bit_length()} bits, longer than "
+                f"{MAX_INT_BITS}; write it as a string"
+            )
         if isinstance(value, int | float) and not isinstance(value, bool):
             return -value if negative else value
     raise ParseError(f"{func}(): {where} must be a string or number literal")

@@ -19,6 +19,7 @@ How an episode ends (`Trajectory.status`):
 | `error:evaluation`  | the evaluators raised or timed out                          | 0        |
 | `error:task`        | a start URL outside the task's sites                        | 0        |
 | `error:environment` | no tenant, or the start page did not load                   | 0        |
+| `error:runtime`     | anything else raised inside a turn (a bug: logged with its traceback) | 0 |
 
 The first four are the policy's doing (train on them); `interrupted` and `error:*` are
 the infrastructure's (a learner should drop them). "Evaluated" statuses get the reward of
@@ -401,6 +402,9 @@ class Episode:
             self._fail("error:observation", exc)
         except _PolicyFailed as exc:
             self._fail("error:policy", exc.__cause__ or exc)
+        except Exception as exc:  # a bug in a turn must not lose the turns before it
+            log.exception("episode.runtime_failed")
+            self._fail("error:runtime", exc)
 
     def _fail(self, status: str, exc: BaseException) -> None:
         self.status = status

@@ -110,11 +110,24 @@ def test_valid_completions(text: str, expected: Action) -> None:
         ("<answer>" + "(" * 500 + "</answer>", "not a valid call"),
         ("<answer>" + "x" * (MAX_ANSWER_CHARS + 1) + "</answer>", "characters long"),
         ("<answer>do(action='Click', element='1')\x00</answer>", "not a valid call"),
+        # ints Python will not write as text (over 4300 digits): a ParseError, not a ValueError
+        (
+            "<answer>do(action='Type', element=3, argument=0x" + "f" * 3900 + ")</answer>",
+            "a number of 15600 bits",
+        ),
+        ("<answer>do(action='Click', element=-0x" + "f" * 3900 + ")</answer>", "write it as a"),
+        ("<answer>exit(message=0x" + "f" * 3900 + ")</answer>", "write it as a string"),
+        ("<answer>exit(" + "9" * 78 + ")</answer>", "a number of 260 bits"),
     ],
 )
 def test_invalid_completions_explain_themselves(text: str, message: str) -> None:
     with pytest.raises(ParseError, match=re.escape(message)):
         parse_completion(text)
+
+
+def test_the_longest_integer_literal_allowed_still_parses() -> None:
+    action = parse_completion("<answer>exit(" + "9" * 77 + ")</answer>").action
+    assert action == Action(kind="exit", message="9" * 77)
 
 
 _FRAGMENTS = st.sampled_from(

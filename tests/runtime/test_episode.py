@@ -220,6 +220,23 @@ async def test_a_failing_policy_ends_the_episode_with_its_turns(
     assert trajectory.evaluation is None and trajectory.reward == 0.0
 
 
+async def test_a_bug_inside_a_turn_ends_the_episode_with_its_turns(
+    pool: BrowserPool, web: Any
+) -> None:
+    seen: list[Turn] = []
+
+    def on_turn(turn: Turn) -> None:  # a hook that breaks on the second turn
+        seen.append(turn)
+        if turn.index == 1:
+            raise KeyError("no such run")
+
+    policy = Scripted(['<answer>do(action="Wait")</answer>', "<answer>go_backward()</answer>"])
+    trajectory = await _run(pool, web, policy, on_turn=on_turn)
+    assert trajectory.status == "error:runtime"
+    assert [t.index for t in trajectory.turns] == [0, 1] == [t.index for t in seen]
+    assert trajectory.evaluation is None and trajectory.reward == 0.0
+
+
 async def test_a_start_url_outside_the_sites_is_a_task_error(pool: BrowserPool, web: Any) -> None:
     bad = TaskConfig(task_id=2, intent="x", start_url=f"{web.other}/elsewhere", sites=["shopping"])
     trajectory = await _run(pool, web, Scripted(["<answer>exit()</answer>"]), task=bad)
