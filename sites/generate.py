@@ -87,7 +87,7 @@ def parse_intents(reply: str, out: Generation) -> list[tuple[str, str]]:
             continue
         try:
             item = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: brackets nested too deeply
             out.drop("not JSON")
             continue
         intent = item.get("intent") if isinstance(item, dict) else None

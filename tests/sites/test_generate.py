@@ -120,6 +120,15 @@ def test_parse_intents_reads_json_lines() -> None:
     assert out.dropped == {"no intent": 1}
 
 
+def test_parse_intents_counts_hostile_lines_and_keeps_the_rest() -> None:
+    from sites.generate import Generation
+
+    out = Generation()
+    reply = "\n".join(["[" * 100_000, "1" * 5000, '{"intent": "ok"}', "{not json"])
+    assert parse_intents(reply, out) == [("ok", "related")]
+    assert out.dropped == {"not JSON": 3}
+
+
 @pytest.mark.vllm
 async def test_a_real_chat_server_that_writes_nonsense_gives_no_task(
     vllm_server: VLLMServer, tiny_model: Path
