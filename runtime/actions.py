@@ -26,7 +26,7 @@ import ast
 from dataclasses import dataclass
 from typing import Final
 
-from runtime.base.messages import Action
+from runtime.base.messages import Action, well_formed
 from runtime.errors import ParseError
 
 __all__ = [
@@ -91,7 +91,7 @@ def thought_of(text: str) -> str:
     `MAX_COMPLETION_CHARS` characters are looked at.
     """
     spans = _spans(text[:MAX_COMPLETION_CHARS], "<think>", "</think>", limit=1)
-    return _valid_unicode(spans[0].strip()) if spans else ""
+    return well_formed(spans[0].strip()) if spans else ""
 
 
 def parse_completion(text: str) -> Completion:
@@ -130,15 +130,6 @@ def _spans(text: str, open_tag: str, close_tag: str, *, limit: int = 0) -> list[
         spans.append(text[start:end])
         pos = end + len(close_tag)
     return spans
-
-
-def _valid_unicode(text: str) -> str:
-    """`text` with any lone surrogate replaced by U+FFFD (JSON and UTF-8 cannot hold one)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
-    return text
 
 
 def parse_action(source: str) -> Action:

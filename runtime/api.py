@@ -49,7 +49,7 @@ from runtime.agent_episode import run_agent_episode
 from runtime.agent_runs import EndpointFull, RunOutcome, RunService, UnknownRun
 from runtime.base.config import Config, EndpointConfig
 from runtime.base.http import serve_asgi
-from runtime.base.messages import RunRequest, RunState, RunTurn
+from runtime.base.messages import RunRequest, RunState, RunTurn, encode
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
@@ -84,16 +84,13 @@ class PolicyLoad(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     path: str
 
 
-_encoder = msgspec.json.Encoder()
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`")
 _PID = re.compile(r"(?P<word>\bpid\s*[=:]?\s*)\d+", re.IGNORECASE)
 
 
 def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        _encoder.encode(payload), status, headers=headers, media_type="application/json"
-    )
+    return Response(encode(payload), status, headers=headers, media_type="application/json")
 
 
 def _problem(status: int, error: str, **extra: Any) -> Response:
@@ -305,7 +302,7 @@ def build_app(
         async def stream() -> AsyncIterator[bytes]:
             async for item in service.follow(state.run_id):
                 kind = "turn" if isinstance(item, RunTurn) else "end"
-                yield b"event: " + kind.encode() + b"\ndata: " + _encoder.encode(item) + b"\n\n"
+                yield b"event: " + kind.encode() + b"\ndata: " + encode(item) + b"\n\n"
 
         return StreamingResponse(
             stream(),

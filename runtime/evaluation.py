@@ -47,7 +47,15 @@ import structlog
 from runtime.actions import format_action
 from runtime.base.config import Config
 from runtime.base.files import write_atomic
-from runtime.base.messages import EvalFinished, Event, TaskConfig, Trajectory, TrajectoryGroup
+from runtime.base.messages import (
+    EvalFinished,
+    Event,
+    TaskConfig,
+    Trajectory,
+    TrajectoryGroup,
+    encode,
+    well_formed,
+)
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.observation import TokenCounter, estimate_tokens
@@ -276,7 +284,7 @@ async def run_evaluation(
             extra = cost.as_fields() if cost is not None else {}
             result = task_result(by_id[group.task_id], group, extra)
             results.append(result)
-            lines.write(msgspec.json.encode(result) + b"\n")
+            lines.write(encode(result) + b"\n")
             lines.flush()
             await store.append_async(group)
             if on_result is not None:
@@ -315,7 +323,8 @@ async def run_evaluation(
     )
     write_atomic(out / "summary.json", msgspec.json.format(msgspec.json.encode(report)))
     write_atomic(out / "table.md", (format_table(report) + "\n").encode())
-    write_atomic(out / "report.html", render_report(report, results, groups, by_id).encode())
+    html_report = well_formed(render_report(report, results, groups, by_id))
+    write_atomic(out / "report.html", html_report.encode())
     log.info(
         "evaluation.finished",
         tasks=report.tasks,

@@ -181,7 +181,7 @@ async def snapshot(page: Page, config: ObservationConfig, *, timeout_s: float) -
                     await page.wait_for_load_state("load")
     if payload is None:
         raise ObservationError(f"the page did not answer within {timeout_s:g} s")
-    raw: dict[str, Any] = msgspec.json.decode(payload)
+    raw = _decode_payload(payload)
     return Snapshot(
         url=str(raw["url"]),
         title=str(raw["title"]),
@@ -190,6 +190,34 @@ async def snapshot(page: Page, config: ObservationConfig, *, timeout_s: float) -
         page_height=int(raw["pageHeight"]),
         root=raw["root"],
     )
+
+
+# JSON.stringify writes a lone UTF-16 surrogate (a page's script makes one with
+# String.fromCharCode(0xD800)) as an escape, "\ud800"; msgspec refuses such an escape and
+# UTF-8 cannot hold the character, so each becomes U+FFFD. An escaped pair (high then low)
+# is a character and stays, as does a backslash before "ud800" that is itself escaped (an
+# even run of backslashes: page text).
+_SURROGATE_ESCAPE = re.compile(
+    r"(?<!\\)((?:\\\\)*)"  # an even run of backslashes: not an escape of its own
+    r"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a pair
+    r"|\\u[dD][89a-fA-F][0-9a-fA-F]{2})"  # or a lone one
+)
+
+
+def _well_formed(match: re.Match[str]) -> str:
+    escape = match[2]
+    return match[1] + (escape if len(escape) == 12 else "\\ufffd")
+
+
+def _decode_payload(payload: str) -> dict[str, Any]:
+    """observe.js's JSON, lone surrogates replaced; ObservationError if unreadable."""
+    if "\\u" in payload:
+        payload = _SURROGATE_ESCAPE.sub(_well_formed, payload)
+    try:
+        raw: dict[str, Any] = msgspec.json.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ObservationError(f"the page's observation is not readable: {exc}") from exc
+    return raw
 
 
 async def observe(

@@ -59,6 +59,7 @@ __all__ = [
     "encode_task",
     "encode_tasks",
     "rewards_differ",
+    "well_formed",
 ]
 
 
@@ -547,8 +548,37 @@ _DECODERS: dict[tuple[Any, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Dec
 
 
 def encode(message: Any, *, format: Format = "json") -> bytes:
-    """A message (or a list or dict of them) as JSON or msgpack bytes."""
-    return _ENCODERS[format].encode(message)
+    """A message (or a list or dict of them) as JSON or msgpack bytes.
+
+    A string UTF-8 cannot hold (a lone UTF-16 surrogate, which a page's script can put in
+    its text and an error message can carry on) is written with U+FFFD in its place: the
+    record is kept, not refused.
+    """
+    encoder = _ENCODERS[format]
+    try:
+        return encoder.encode(message)
+    except UnicodeEncodeError:
+        return encoder.encode(_well_formed_tree(msgspec.to_builtins(message)))
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone surrogate (no UTF-8 holds one) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return text
+
+
+def _well_formed_tree(value: Any) -> Any:
+    """A `to_builtins` tree with `well_formed` strings (keys included)."""
+    if isinstance(value, str):
+        return well_formed(value)
+    if isinstance(value, dict):
+        return {_well_formed_tree(k): _well_formed_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_well_formed_tree(v) for v in value]
+    return value
 
 
 def decode(data: bytes, type_: Any, *, format: Format = "json") -> Any:

@@ -58,6 +58,16 @@ PAGES: dict[str, str] = {
         for i in range(200)
     ),
     "/busy": """<!doctype html><title>Busy</title><button onclick="for(;;){}">Hang</button>""",
+    # Text no UTF-8 can hold: lone UTF-16 surrogates, which a page's script can make.
+    "/surrogates": """<!doctype html><title>Surrogates</title>
+<p id="t">x</p><button id="b">x</button><input id="i" name="q"><p>a pair 😀, a text \\ud800</p>
+<script>
+const high = String.fromCharCode(0xD800), low = String.fromCharCode(0xDC00);
+document.getElementById("t").textContent = "high" + high + "end";
+document.getElementById("b").textContent = low + "button";
+document.getElementById("i").value = "typed" + high;
+document.title = "Title" + low;
+</script>""",
 }
 
 

@@ -100,6 +100,23 @@ def test_group_round_trip(fmt: str) -> None:
     assert decode_group(data, format=fmt) == group  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("fmt", ["json", "msgpack"])
+def test_a_lone_surrogate_is_written_as_a_replacement_character(fmt: str) -> None:
+    group = _group()
+    turn = msgspec.structs.replace(
+        group.trajectories[0].turns[1],
+        observation="page \ud800 text \U0001f600",
+        action_error="no element \udc00",
+    )
+    trajectory = msgspec.structs.replace(group.trajectories[0], turns=[turn])
+    hostile = msgspec.structs.replace(group, trajectories=[trajectory])
+    back = decode_group(encode(hostile, format=fmt), format=fmt)  # type: ignore[arg-type]
+    kept = back.trajectories[0].turns[0]
+    assert kept.observation == "page \ufffd text \U0001f600"
+    assert kept.action_error == "no element \ufffd"
+    assert back.trajectories[0].episode_id == "e1" and back.task_id == 7
+
+
 @pytest.mark.parametrize(
     ("outcomes", "differ"),
     [

@@ -125,6 +125,19 @@ async def test_observation_is_deterministic(pool: BrowserPool, web: Any) -> None
 
 
 @pytest.mark.browser
+@pytest.mark.parametrize("style", ["html", "compact"])
+async def test_lone_surrogates_a_page_makes_become_replacement_characters(
+    pool: BrowserPool, web: Any, style: str
+) -> None:
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/surrogates")])
+        text = (await session.observe(ObservationConfig(style=style))).text
+    text.encode("utf-8")  # a lone surrogate would raise here, and in every store after
+    assert "high\ufffdend" in text and "\ufffdbutton" in text and "typed\ufffd" in text
+    assert "a pair \U0001f600, a text \\ud800" in text  # a pair, and an escape's text
+
+
+@pytest.mark.browser
 async def test_long_table_is_cut_to_the_budget_and_scrolls_on(pool: BrowserPool, web: Any) -> None:
     config = ObservationConfig(style="html", max_tokens=1500)
     async with pool.session(allowed=[web.url]) as session:
