@@ -32,7 +32,7 @@ __all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
 log = structlog.get_logger("runtime.browser")
 
 # Flags that keep Chromium from calling out (this machine has no network, and a closed
-# network makes every background request fail) and from using the GPU.
+# network makes every background request fail), past the fence, and from using the GPU.
 CHROMIUM_ARGS: tuple[str, ...] = (
     "--disable-gpu",
     "--disable-quic",
@@ -43,6 +43,9 @@ CHROMIUM_ARGS: tuple[str, ...] = (
     "--disable-dev-shm-usage",
     "--disable-default-apps",
     "--mute-audio",
+    # WebRTC's UDP does not go through the context's proxy (the fence): without this a
+    # page's RTCPeerConnection sent STUN requests to any host and port it named.
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
 )
 
 _CANDIDATES: tuple[str, ...] = (

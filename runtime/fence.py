@@ -9,6 +9,8 @@ opens one upstream connection per request or tunnel, and only to an allowed
 (host, port) that no denied pair matches. So every request the browser makes is checked:
 each redirect hop (the browser asks the proxy again for the next URL), subresources,
 form posts, meta refreshes, script navigations, and WebSockets and https (CONNECT).
+WebRTC's UDP would not use the proxy: Chromium runs with `disable_non_proxied_udp`
+(`runtime.browser.CHROMIUM_ARGS`), so it sends none.
 
 - `Allowlist`: (host, port) pairs an episode may reach, and denied pairs that always
   win (the daemon's control API, the vLLM server). Every entry names its port (or a

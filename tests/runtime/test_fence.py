@@ -2,9 +2,10 @@
 
 The attacker/canary pattern: an "attacker" server on the allowlist serves pages that
 try every way out (redirects of each kind, subresources through same-origin redirects,
-WebSockets, meta refresh, script navigation, a form post that a 307 carries on), and a
-"canary" server off the list counts every TCP connection it gets. The canary must get
-none, while allowed redirects and WebSockets keep working.
+WebSockets, meta refresh, script navigation, a form post that a 307 carries on, WebRTC's
+STUN and TURN), and a "canary" server off the list counts every TCP connection it gets
+(a UDP socket beside it, every datagram). The canary must get none, while allowed
+redirects and WebSockets keep working.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import socket
 import socketserver
 import threading
 from collections.abc import Iterator
@@ -93,8 +95,9 @@ class _CanaryHandler(socketserver.BaseRequestHandler):
             return
 
 
-def _pages(canary: str) -> dict[str, str]:
+def _pages(canary: str, udp_port: int) -> dict[str, str]:
     canary_ws = canary.replace("http://", "ws://")
+    canary_host = canary.removeprefix("http://")
     settle = """
       const tries = [];
       const add = (p) => tries.push(p.then(() => "ok", () => "failed"));
@@ -136,6 +139,19 @@ for (const url of ["{canary_ws}/ws", "ws://" + location.host + "/302?to={canary_
 navigator.sendBeacon("{canary}/beacon", "x");
 Promise.all(tries).then((r) => {{ document.title = "done " + r.join(","); }});
 </script></body>""",
+        # WebRTC's UDP bypasses an HTTP proxy: STUN and TURN servers named by the page.
+        "/rtc": f"""<!doctype html><title>RTC</title><script>
+const found = [];
+const pc = new RTCPeerConnection({{iceServers: [
+  {{urls: "stun:127.0.0.1:{udp_port}"}},
+  {{urls: "turn:127.0.0.1:{udp_port}?transport=udp", username: "u", credential: "s3"}},
+  {{urls: "turn:{canary_host}?transport=tcp", username: "u", credential: "s3"}}]}});
+const finish = () => {{ document.title = "done " + found.join(","); }};
+pc.onicecandidate = (e) => {{ if (e.candidate) found.push(e.candidate.type); else finish(); }};
+pc.createDataChannel("x");
+pc.createOffer().then((o) => pc.setLocalDescription(o));
+setTimeout(finish, 8000);
+</script>""",
         "/ws-page": """<!doctype html><title>WS</title><script>
 const ws = new WebSocket("ws://" + location.host + "/ws");
 ws.onmessage = (e) => { document.title = "ws " + e.data; };
@@ -202,20 +218,24 @@ class Sites:
     attacker: str
     canary: str
     canary_server: _Canary
+    udp_canary: socket.socket  # bound on 127.0.0.1, never read but by the test
 
 
 @pytest.fixture(scope="module")
 def sites() -> Iterator[Sites]:
     canary = _Canary()
     canary_url = f"http://127.0.0.1:{canary.server_address[1]}"
-    attacker = _attacker(_pages(canary_url))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    attacker = _attacker(_pages(canary_url, udp.getsockname()[1]))
     servers: list[socketserver.BaseServer] = [canary, attacker]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield Sites(f"http://127.0.0.1:{attacker.server_address[1]}", canary_url, canary)
+    yield Sites(f"http://127.0.0.1:{attacker.server_address[1]}", canary_url, canary, udp)
     for server in servers:
         server.shutdown()
         server.server_close()
+    udp.close()
 
 
 def _goto(url: str) -> Action:
@@ -250,6 +270,20 @@ async def test_no_request_reaches_the_canary(pool: BrowserPool, sites: Sites) ->
             assert "canary" not in shown.text
         with pytest.raises(NavigationBlocked):
             await session.execute(_goto(f"{sites.canary}/start"))
+    assert sites.canary_server.hits == 0
+
+
+@pytest.mark.browser
+async def test_webrtc_sends_no_packet_past_the_fence(pool: BrowserPool, sites: Sites) -> None:
+    """WebRTC's UDP does not go through the context's proxy: Chromium runs with
+    `disable_non_proxied_udp`, so a page gathers no ICE candidate and sends no STUN or
+    TURN packet (without the flag: host candidates, and a STUN request at the UDP canary)."""
+    async with pool.session(allowed=[sites.attacker]) as session:
+        await session.open([f"{sites.attacker}/rtc"])
+        assert await _title(session, "done") == "done"  # no candidate at all
+    sites.udp_canary.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sites.udp_canary.recvfrom(2048)
     assert sites.canary_server.hits == 0
 
 
