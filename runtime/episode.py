@@ -19,7 +19,7 @@ How an episode ends (`Trajectory.status`):
 | `error:evaluation`  | the evaluators raised or timed out                          | 0        |
 | `error:task`        | a start URL outside the task's sites                        | 0        |
 | `error:environment` | no tenant, or the start page did not load                   | 0        |
-| `error:runtime`     | anything else raised inside a turn (a bug: logged with its traceback) | 0 |
+| `error:runtime`     | anything else raised in a turn (a bug; traceback logged)    | 0        |
 
 The first four are the policy's doing (train on them); `interrupted` and `error:*` are
 the infrastructure's (a learner should drop them). "Evaluated" statuses get the reward of
