@@ -26,7 +26,8 @@ import ast
 from dataclasses import dataclass
 from typing import Final
 
-from runtime.base.messages import Action, well_formed
+from runtime.base.messages import Action
+from runtime.base.text import well_formed
 from runtime.errors import ParseError
 
 __all__ = [

@@ -54,8 +54,8 @@ from runtime.base.messages import (
     Trajectory,
     TrajectoryGroup,
     encode,
-    well_formed,
 )
+from runtime.base.text import well_formed
 from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.observation import TokenCounter, estimate_tokens

@@ -204,7 +204,7 @@ _SURROGATE_ESCAPE = re.compile(
 )
 
 
-def _well_formed(match: re.Match[str]) -> str:
+def _pair_or_replacement(match: re.Match[str]) -> str:
     escape = match[2]
     return match[1] + (escape if len(escape) == 12 else "\\ufffd")
 
@@ -212,7 +212,7 @@ def _well_formed(match: re.Match[str]) -> str:
 def _decode_payload(payload: str) -> dict[str, Any]:
     """observe.js's JSON, lone surrogates replaced; ObservationError if unreadable."""
     if "\\u" in payload:
-        payload = _SURROGATE_ESCAPE.sub(_well_formed, payload)
+        payload = _SURROGATE_ESCAPE.sub(_pair_or_replacement, payload)
     try:
         raw: dict[str, Any] = msgspec.json.decode(payload)
     except (msgspec.DecodeError, RecursionError) as exc:

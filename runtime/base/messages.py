@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, Protocol
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from runtime.base.text import well_formed_tree
+
 __all__ = [
     "EVALUATED_STATUSES",
     "Action",
@@ -59,7 +61,6 @@ __all__ = [
     "encode_task",
     "encode_tasks",
     "rewards_differ",
-    "well_formed",
 ]
 
 
@@ -558,27 +559,7 @@ def encode(message: Any, *, format: Format = "json") -> bytes:
     try:
         return encoder.encode(message)
     except UnicodeEncodeError:
-        return encoder.encode(_well_formed_tree(msgspec.to_builtins(message)))
-
-
-def well_formed(text: str) -> str:
-    """`text` with each lone surrogate (no UTF-8 holds one) replaced by U+FFFD."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
-    return text
-
-
-def _well_formed_tree(value: Any) -> Any:
-    """A `to_builtins` tree with `well_formed` strings (keys included)."""
-    if isinstance(value, str):
-        return well_formed(value)
-    if isinstance(value, dict):
-        return {_well_formed_tree(k): _well_formed_tree(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_well_formed_tree(v) for v in value]
-    return value
+        return encoder.encode(well_formed_tree(msgspec.to_builtins(message)))
 
 
 def decode(data: bytes, type_: Any, *, format: Format = "json") -> Any:
