@@ -5,7 +5,8 @@ try every way out (redirects of each kind, subresources through same-origin redi
 WebSockets, meta refresh, script navigation, a form post that a 307 carries on, WebRTC's
 STUN and TURN), and a "canary" server off the list counts every TCP connection it gets
 (a UDP socket beside it, every datagram). The canary must get none, while allowed
-redirects and WebSockets keep working.
+redirects and WebSockets keep working. DNS is checked in Chromium's own net log: it
+resolves no name a page chooses.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import socket
 import socketserver
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -151,6 +154,19 @@ pc.onicecandidate = (e) => {{ if (e.candidate) found.push(e.candidate.type); els
 pc.createDataChannel("x");
 pc.createOffer().then((o) => pc.setLocalDescription(o));
 setTimeout(finish, 8000);
+</script>""",
+        # Host names for Chromium to resolve, by every kind of reference a page has. A
+        # DNS query for a name the page chose is a message past the fence.
+        "/names": """<!doctype html><title>Names</title>
+<link rel="dns-prefetch" href="//hint.fence-canary.example">
+<link rel="preconnect" href="http://connect.fence-canary.example">
+<link rel="prefetch" href="http://prefetch.fence-canary.example/x">
+<a href="http://anchor.fence-canary.example/">a link</a>
+<img src="http://img.fence-canary.example/i.png">
+<script>
+fetch("http://fetch.fence-canary.example/f", {mode: "no-cors"}).catch(() => {});
+new WebSocket("ws://ws.fence-canary.example/");
+setTimeout(() => { document.title = "done"; }, 2000);
 </script>""",
         "/ws-page": """<!doctype html><title>WS</title><script>
 const ws = new WebSocket("ws://" + location.host + "/ws");
@@ -285,6 +301,34 @@ async def test_webrtc_sends_no_packet_past_the_fence(pool: BrowserPool, sites: S
     with pytest.raises(BlockingIOError):
         sites.udp_canary.recvfrom(2048)
     assert sites.canary_server.hits == 0
+
+
+@pytest.mark.browser
+async def test_chromium_resolves_no_host_name(sites: Sites, tmp_path: Path) -> None:
+    """DNS is a way out too: a query for a name the page chose reaches whatever resolver
+    the machine uses. Behind the fence Chromium resolves no name itself (the fence
+    resolves the allowed ones); its net log, read after the browser closed, shows a
+    resolution of the proxy's own address only. Without the context's proxy this fails:
+    Chromium resolves the WebSocket's name (the session's routing refuses the other
+    requests before they are made; with neither, it resolved the image's, the prefetch's
+    and the fetch's names too). dns-prefetch and preconnect hints resolved nothing even
+    then."""
+    netlog = tmp_path / "netlog.json"
+    config = BrowserConfig(navigation_timeout_s=10.0, extra_args=(f"--log-net-log={netlog}",))
+    async with BrowserPool(config) as pool, pool.session(allowed=[sites.attacker]) as session:
+        await session.open([f"{sites.attacker}/names"])
+        assert await _title(session, "done") == "done"
+    log = json.loads(netlog.read_text())
+    names = {code: name for name, code in log["constants"]["logEventTypes"].items()}
+    resolved = {
+        str(event["params"]["host"])
+        for event in log["events"]
+        if names.get(event["type"], "").startswith("HOST_RESOLVER")
+        and "host" in event.get("params", {})
+    }
+    assert resolved  # the log holds resolutions: the proxy's own address
+    assert not [host for host in resolved if "fence-canary" in host], resolved
+    assert all("127.0.0.1" in host for host in resolved), resolved
 
 
 @pytest.mark.browser
