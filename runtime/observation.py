@@ -15,7 +15,9 @@ visible page as a small tree. `render()` turns that tree into text, deterministi
 
 The page is rendered from the current scroll position down: lines wholly above the
 viewport are left out (`<!-- 12 lines above: Scroll Up -->`). A hard token budget
-(`max_tokens`) cuts the rest with `<!-- truncated: 312 more lines below -->`.
+(`max_tokens`) cuts the rest with `<!-- truncated: 312 more lines below -->`. What goes
+above the page (errors, notes, the URL, the title: the page sets all but the first) takes
+at most half of it, each line at most 512 characters.
 
 Tokens are counted with the `count_tokens` given (the policy's tokenizer when there is
 one); the default `estimate_tokens` assumes 3 UTF-8 bytes per token, which over-counts
@@ -40,6 +42,7 @@ from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
 from runtime.base.config import ObservationConfig
+from runtime.base.text import cut, fit_lines, well_formed_json
 from runtime.compact import FIELD_KINDS, MARKERS, PREFIX, compact_element
 from runtime.errors import BrowserError, ObservationError, is_closed
 
@@ -98,6 +101,8 @@ def observe_script() -> str:
 
 
 _ATTEMPTS = 3
+# Characters a line above the page (an error, a note, the URL, the title) keeps.
+_HEAD_LINE_CHARS = 512
 _NAVIGATED = ("Execution context was destroyed", "Cannot find context", "navigat")
 
 
@@ -192,29 +197,10 @@ async def snapshot(page: Page, config: ObservationConfig, *, timeout_s: float) -
     )
 
 
-# JSON.stringify writes a lone UTF-16 surrogate (a page's script makes one with
-# String.fromCharCode(0xD800)) as an escape, "\ud800"; msgspec refuses such an escape and
-# UTF-8 cannot hold the character, so each becomes U+FFFD. An escaped pair (high then low)
-# is a character and stays, as does a backslash before "ud800" that is itself escaped (an
-# even run of backslashes: page text).
-_SURROGATE_ESCAPE = re.compile(
-    r"(?<!\\)((?:\\\\)*)"  # an even run of backslashes: not an escape of its own
-    r"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a pair
-    r"|\\u[dD][89a-fA-F][0-9a-fA-F]{2})"  # or a lone one
-)
-
-
-def _pair_or_replacement(match: re.Match[str]) -> str:
-    escape = match[2]
-    return match[1] + (escape if len(escape) == 12 else "\\ufffd")
-
-
 def _decode_payload(payload: str) -> dict[str, Any]:
     """observe.js's JSON, lone surrogates replaced; ObservationError if unreadable."""
-    if "\\u" in payload:
-        payload = _SURROGATE_ESCAPE.sub(_pair_or_replacement, payload)
     try:
-        raw: dict[str, Any] = msgspec.json.decode(payload)
+        raw: dict[str, Any] = msgspec.json.decode(well_formed_json(payload))
     except (msgspec.DecodeError, RecursionError) as exc:
         raise ObservationError(f"the page's observation is not readable: {exc}") from exc
     return raw
@@ -524,12 +510,21 @@ def render(
         kept = [line for line in lines if line.bottom > snap.scroll_y]
         above = len(lines) - len(kept)
         lines = kept
-    head = [*header, f"URL: {snap.url}"] if config.show_url else list(header)
+    own = [f"URL: {snap.url}"] if config.show_url else []
     if snap.title:
-        head.append(f"Title: {snap.title}")
+        own.append(f"Title: {snap.title}")
     if above:
-        head.append(f"<!-- {above} lines above: Scroll Up to see them -->")
+        own.append(f"<!-- {above} lines above: Scroll Up to see them -->")
+    # The page sets its title, URL and dialogs: each line is cut, and the notes past half
+    # the budget are counted, not shown (a 200,000-character title made a prompt of 50,000
+    # tokens).
+    own = [cut(line, _HEAD_LINE_CHARS) for line in own]
     budget = config.max_tokens
+    room = budget // 2 - sum(count_tokens(line) + 1 for line in own)
+    head = [
+        *fit_lines(header, room, count_tokens, line_chars=_HEAD_LINE_CHARS, dropped=_more),
+        *own,
+    ]
     used = sum(count_tokens(line) + 1 for line in head)
     shown: list[_Line] = []
     marker_reserve = count_tokens("<!-- truncated: 100000 more lines below -->") + 1
@@ -548,8 +543,8 @@ def render(
     text = _assemble(head, shown, len(lines) - len(shown))
     # Counting line by line may differ from counting the whole text: drop lines to fit.
     while count_tokens(text) > budget and shown:
-        cut = max(1, len(shown) // 8)
-        shown = shown[:-cut]
+        drop = max(1, len(shown) // 8)
+        shown = shown[:-drop]
         text = _assemble(head, shown, len(lines) - len(shown))
     elements = _visible_elements(writer, shown)
     return Observation(
@@ -577,6 +572,10 @@ def _cut_to(text: str, tokens: int, count_tokens: TokenCounter) -> str:
         else:
             high = mid - 1
     return text[:low].rstrip() + "…" if low else ""
+
+
+def _more(count: int) -> str:
+    return f"Note: {count} more notes and errors not shown"
 
 
 def _assemble(head: list[str], shown: list[_Line], below: int) -> str:

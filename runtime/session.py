@@ -12,7 +12,8 @@
 - tracks tabs: popups and pages opened with target=_blank join `pages` and become the
   current tab; `Switch Tab` picks one by index;
 - dismisses dialogs (accepting only `beforeunload`, so navigation goes on) and refuses
-  downloads, reporting both in the next observation;
+  downloads, reporting both in the next observation (32 notes at most; a page that opens
+  dialogs in a loop gets the rest counted);
 - executes every action of the DSL for real (`runtime.acting`), bounded in time, on
   elements named by the ids of the last observation.
 
@@ -56,6 +57,8 @@ log = structlog.get_logger("runtime.session")
 
 # How long an aborted navigation may take to show up as a (refused) download.
 _DOWNLOAD_GRACE_S: Final = 1.0
+# Notices (and blocked navigations) kept between two observations; the rest are counted.
+_MAX_NOTES: Final = 32
 
 
 async def call_until_gone(
@@ -116,6 +119,8 @@ class BrowserSession:
         self.observation: Observation | None = None
         # Navigations blocked since the last observation (shown as errors), by page.
         self.blocked: list[str] = []
+        # Notices and blocked navigations past _MAX_NOTES since the last observation.
+        self._unshown = 0
         self._blocked_pages: list[Page] = []
         self._opening = False
         self._crashed = False
@@ -204,7 +209,9 @@ class BrowserSession:
         self._new_page.set()
         if not known:
             self.active = page
-            self.notices.append(f"a new tab opened (tab {len(self.pages) - 1}) and is now current")
+            self._note(
+                self.notices, f"a new tab opened (tab {len(self.pages) - 1}) and is now current"
+            )
 
     def _on_close(self, page: Page) -> None:
         if page in self.pages:
@@ -219,7 +226,7 @@ class BrowserSession:
         kind = dialog.type
         message = " ".join(dialog.message.split())[:200]
         verb = "accepted" if kind == "beforeunload" else "dismissed"
-        self.notices.append(f'a dialog ({kind}) said "{message}" and was {verb}')
+        self._note(self.notices, f'a dialog ({kind}) said "{message}" and was {verb}')
         try:
             if kind == "beforeunload":
                 await dialog.accept()
@@ -229,7 +236,7 @@ class BrowserSession:
             return
 
     def _on_download(self, download: Download) -> None:
-        self.notices.append(f"a download ({download.suggested_filename}) was refused")
+        self._note(self.notices, f"a download ({download.suggested_filename}) was refused")
         if self._download is not None:
             self._download.set()
 
@@ -240,17 +247,29 @@ class BrowserSession:
                 await route.continue_()
                 return
             if request.is_navigation_request() and request.frame.parent_frame is None:
-                self.blocked.append(
+                self._note(
+                    self.blocked,
                     f"navigation to {shorten(url, 100)} was blocked: only "
-                    f"{self.allowlist.describe()} may be visited"
+                    f"{self.allowlist.describe()} may be visited",
                 )
                 self._blocked_pages.append(request.frame.page)
             await route.abort("blockedbyclient")
         except PlaywrightError:  # the context is closing; nothing to route any more
             return
 
+    def _note(self, notes: list[str], text: str) -> None:
+        """Add to `notes` (the notices or the blocked navigations) while they hold fewer
+        than `_MAX_NOTES`; past that only count (a page may open dialogs in a loop)."""
+        if len(notes) < _MAX_NOTES:
+            notes.append(text)
+        else:
+            self._unshown += 1
+
     def drain_notices(self) -> list[str]:
         notices, self.notices = self.notices, []
+        if self._unshown:
+            notices.append(f"{self._unshown} more dialogs, tabs or blocked navigations")
+            self._unshown = 0
         return notices
 
     def tabs_line(self) -> str | None:
@@ -369,7 +388,7 @@ class BrowserSession:
                 or url.startswith("chrome-error://")
             ):
                 continue
-            self.notices.append(f"the page {shorten(url, 100)} is not allowed and was closed")
+            self._note(self.notices, f"the page {shorten(url, 100)} is not allowed and was closed")
             with playwright_errors("close a tab that left the allowlist", action=True):
                 if len(self.pages) > 1:
                     await page.close()

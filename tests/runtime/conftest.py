@@ -58,6 +58,12 @@ PAGES: dict[str, str] = {
         for i in range(200)
     ),
     "/busy": """<!doctype html><title>Busy</title><button onclick="for(;;){}">Hang</button>""",
+    # A page that sets the length of what goes above it: its title, its URL and its dialogs.
+    "/loud": """<!doctype html><title>Loud</title><p>the page</p><a href="/">home</a><script>
+document.title = "T".repeat(200000);
+history.replaceState(null, "", "/loud?" + "q".repeat(100000));
+for (let i = 0; i < 300; i++) alert("alert " + i + " " + "x".repeat(150));
+</script>""",
     # Text no UTF-8 can hold: lone UTF-16 surrogates, which a page's script can make.
     "/surrogates": """<!doctype html><title>Surrogates</title>
 <p id="t">x</p><button id="b">x</button><input id="i" name="q"><p>a pair 😀, a text \\ud800</p>

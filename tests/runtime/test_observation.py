@@ -138,6 +138,29 @@ async def test_lone_surrogates_a_page_makes_become_replacement_characters(
 
 
 @pytest.mark.browser
+async def test_what_a_page_puts_above_itself_is_cut_to_the_budget(
+    pool: BrowserPool, web: Any
+) -> None:
+    """A 200,000-character title, a 100,000-character URL and 300 dialogs: the observation
+    stays within its budget (before, 200,080 characters for the title alone) and still
+    shows the page; the notes past the session's cap and the budget are counted."""
+    config = ObservationConfig(style="compact", max_tokens=2048)
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/loud")])
+        shown = await session.observe(config)
+        again = await session.observe(config)
+    assert shown.tokens <= 2048 and estimate_tokens(shown.text) <= 2048
+    lines = shown.text.splitlines()
+    assert max(len(line) for line in lines) <= 512
+    assert lines[-2:] == ["the page", "link home [1]"]  # the page itself still shows
+    assert any(line.startswith("URL: http://") and line.endswith("q…") for line in lines)
+    assert any(line.startswith("Title: TTT") and line.endswith("…") for line in lines)
+    assert 'Note: a dialog (alert) said "alert 0 x' in shown.text
+    assert re.search(r"^Note: \d+ more notes and errors not shown$", shown.text, re.M)
+    assert "alert" not in again.text  # the notes were for one observation
+
+
+@pytest.mark.browser
 async def test_long_table_is_cut_to_the_budget_and_scrolls_on(pool: BrowserPool, web: Any) -> None:
     config = ObservationConfig(style="html", max_tokens=1500)
     async with pool.session(allowed=[web.url]) as session:
@@ -241,6 +264,23 @@ def test_render_is_a_pure_function_of_the_snapshot() -> None:
     assert "<!-- 2 lines above: Scroll Up to see them -->" in scrolled.text
     assert "<h1>" not in scrolled.text
     assert sorted(scrolled.elements) == [2]
+
+
+def test_a_header_over_half_the_budget_is_counted_not_shown() -> None:
+    root = {"t": "", "b": 0, "c": [{"t": "p", "b": 40, "c": ["the page"]}]}
+    config = ObservationConfig(style="compact", show_url=False, max_tokens=300)
+    notes = ["Error: the last action failed", *(f"Note: a dialog said {i}" for i in range(80))]
+    seen = render(_snapshot(root), config, header=notes)
+    lines = seen.text.splitlines()
+    assert seen.tokens <= 300 and lines[0] == "Error: the last action failed"
+    assert lines[-3:] == [
+        f"Note: {81 - (len(lines) - 3)} more notes and errors not shown",
+        "Title: T",
+        "the page",
+    ]
+    assert sum(estimate_tokens(line) + 1 for line in lines[:-2]) <= 150
+    # A header that fits is shown whole, as before.
+    assert render(_snapshot(root), config, header=notes[:3]).text.splitlines()[:3] == notes[:3]
 
 
 def test_compact_style_puts_text_before_the_id() -> None:
