@@ -7,6 +7,8 @@
 //   {t: tag ("" for a block of transparent markup), i: id (interactive only),
 //    a: {attribute: value} (allowlisted), f: fingerprint (interactive only),
 //    b: bottom edge in page coordinates, c: [children]}
+// Past 100 levels of that tree, blocks are transparent and an interactive element keeps
+// only its text (a deeper tree is more than a JSON decoder reads).
 // Hidden elements (display:none, visibility:hidden, zero size, aria-hidden subtrees that
 // are not focusable) are left out; open shadow roots are walked; iframes are not.
 // Elements not painted because a scroll container (overflow other than visible) clips them
@@ -17,6 +19,7 @@
 (args) => {
   const ID = args.idAttr;
   const MAXT = args.maxText;
+  const MAX_DEPTH = 100;
   const WANT = new Set(args.attributes);
   const SKIP = new Set([
     "SCRIPT", "STYLE", "NOSCRIPT", "TEMPLATE", "HEAD", "svg", "SVG", "IFRAME", "FRAME",
@@ -156,15 +159,18 @@
   let next = 1;
 
   // Children of `el` (its shadow root's, when it has an open one) into `out`.
-  const walkChildren = (el, out, hidden, area) => {
+  const walkChildren = (el, out, hidden, area, depth) => {
     const root = el.shadowRoot || el;
-    for (let n = root.firstChild; n !== null; n = n.nextSibling) walk(n, out, hidden, area);
+    for (let n = root.firstChild; n !== null; n = n.nextSibling) walk(n, out, hidden, area, depth);
     if (el.tagName === "SLOT") {
-      for (const n of el.assignedNodes()) walk(n, out, hidden, area);
+      for (const n of el.assignedNodes()) walk(n, out, hidden, area, depth);
     }
   };
 
-  const walk = (node, out, hidden, outerArea) => {
+  // `depth`: how many nodes of the returned tree hold `out`. Past MAX_DEPTH, blocks are
+  // transparent and an interactive element keeps only its text, so that the tree stays
+  // readable (a page that nests 20,000 divs made JSON no decoder reads).
+  const walk = (node, out, hidden, outerArea, depth) => {
     if (node.nodeType === Node.TEXT_NODE) {
       if (hidden) return;
       const text = collapse(node.nodeValue || "");
@@ -235,15 +241,16 @@
       const id = next++;
       marks.push([el, id]);
       const c = [];
-      walkChildren(el, c, hidden, area);
+      if (depth < MAX_DEPTH) walkChildren(el, c, hidden, area, depth + 1);
+      else if (collapse(el.textContent || "").trim()) c.push(clip(collapse(el.textContent).trim()));
       const b = Math.round(el.getBoundingClientRect().bottom) + scrollY;
       out.push({t: tag.toLowerCase(), i: id, a: attrsOf(el), f: fingerprint(el), b, c});
       return;
     }
     const kept = KEPT.has(tag);
     const block = BLOCK.has(tag);
-    if (!kept && !block) {
-      walkChildren(el, out, invisible, area);
+    if ((!kept && !block) || (depth >= MAX_DEPTH && tag !== "IMG")) {
+      walkChildren(el, out, invisible, area, depth);
       return;
     }
     if (tag === "IMG") {
@@ -254,7 +261,7 @@
       return;
     }
     const c = [];
-    walkChildren(el, c, invisible, area);
+    walkChildren(el, c, invisible, area, depth + 1);
     if (tag === "BR" || tag === "HR") {
       out.push({t: "", b: Math.round(el.getBoundingClientRect().bottom) + scrollY, c: []});
       return;
@@ -268,7 +275,7 @@
   for (const old of window.__webagentMarks || []) old.removeAttribute(ID);
   for (const old of document.querySelectorAll("[" + ID + "]")) old.removeAttribute(ID);
   const rootChildren = [];
-  if (document.body) walk(document.body, rootChildren, false, null);
+  if (document.body) walk(document.body, rootChildren, false, null, 1);
   for (const [el, id] of marks) el.setAttribute(ID, String(id));
   window.__webagentMarks = marks.map(([el]) => el);
   return {

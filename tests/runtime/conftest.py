@@ -64,6 +64,18 @@ document.title = "T".repeat(200000);
 history.replaceState(null, "", "/loud?" + "q".repeat(100000));
 for (let i = 0; i < 300; i++) alert("alert " + i + " " + "x".repeat(150));
 </script>""",
+    # Nesting past what a JSON decoder reads (msgspec: about 500 levels of the tree), made
+    # with the DOM (the HTML parser stops nesting at 512): 600 divs, then 300 buttons.
+    "/deep": """<!doctype html><title>Deep</title><body><script>
+let el = document.body;
+for (let i = 0; i < 600; i++) el = el.appendChild(document.createElement("div"));
+el.innerHTML = "<p>deep text</p><a href='/'>deep link</a>";
+for (let i = 0; i < 300; i++) {
+  el = el.appendChild(document.createElement("span"));
+  el.setAttribute("role", "button");
+}
+el.textContent = "innermost";
+</script>""",
     # Text no UTF-8 can hold: lone UTF-16 surrogates, which a page's script can make.
     "/surrogates": """<!doctype html><title>Surrogates</title>
 <p id="t">x</p><button id="b">x</button><input id="i" name="q"><p>a pair 😀, a text \\ud800</p>

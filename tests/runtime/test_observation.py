@@ -161,6 +161,22 @@ async def test_what_a_page_puts_above_itself_is_cut_to_the_budget(
 
 
 @pytest.mark.browser
+@pytest.mark.parametrize("style", ["html", "compact"])
+async def test_a_page_nested_thousands_deep_is_observed(
+    pool: BrowserPool, web: Any, style: str
+) -> None:
+    """Before, "maximum recursion depth exceeded while deserializing": every episode on
+    such a page ended at its first observation."""
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/deep")])
+        shown = await session.observe(ObservationConfig(style=style))
+        assert "deep text" in shown.text and "innermost" in shown.text
+        link = next(i for i, e in shown.elements.items() if e.text == "deep link")
+        await session.execute(Action(kind="do", name="Click", element=link))
+        assert (await session.observe(ObservationConfig(style=style))).title == "Home"
+
+
+@pytest.mark.browser
 async def test_long_table_is_cut_to_the_budget_and_scrolls_on(pool: BrowserPool, web: Any) -> None:
     config = ObservationConfig(style="html", max_tokens=1500)
     async with pool.session(allowed=[web.url]) as session:
