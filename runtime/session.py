@@ -10,7 +10,8 @@
   page-initiated top-level navigations to `data:`, `file:` and `chrome:` URLs, and any tab
   found on such a URL after an action is closed or sent back);
 - tracks tabs: popups and pages opened with target=_blank join `pages` and become the
-  current tab; `Switch Tab` picks one by index;
+  current tab (past `max_tabs` open, a new one is closed at once); `Switch Tab` picks one
+  by index;
 - dismisses dialogs (accepting only `beforeunload`, so navigation goes on) and refuses
   downloads, reporting both in the next observation (32 notes at most; a page that opens
   dialogs in a loop gets the rest counted);
@@ -22,6 +23,7 @@ Every Playwright call runs under `playwright_errors`, so only the runtime's erro
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 
@@ -123,6 +125,8 @@ class BrowserSession:
         self._unshown = 0
         self._blocked_pages: list[Page] = []
         self._opening = False
+        # Tabs opened past config.max_tabs, until closed.
+        self._excess: set[Page] = set()
         self._crashed = False
         self._new_page = anyio.Event()
         # Set when the context closes; it does when Chromium dies.
@@ -141,6 +145,7 @@ class BrowserSession:
         self.context.set_default_timeout(self.config.action_timeout_s * 1000)
         self.context.set_default_navigation_timeout(self.config.navigation_timeout_s * 1000)
         self.context.on("page", self._on_page)
+        self.context.on("page", self._close_excess)
         self.context.on("close", lambda _: self._gone.set())
         with playwright_errors("set up the browser context"):
             await self.context.route("**/*", self._route)
@@ -205,6 +210,14 @@ class BrowserSession:
 
     def _on_page(self, page: Page) -> None:
         known = page in self.pages or self._opening
+        if not known and len(self.pages) >= self.config.max_tabs:
+            self._excess.add(page)  # closed by _close_excess, the next handler
+            self._note(
+                self.notices,
+                f"a new tab was closed: an episode may have {self.config.max_tabs} tabs open",
+            )
+            self._new_page.set()
+            return
         self._adopt(page)
         self._new_page.set()
         if not known:
@@ -212,6 +225,12 @@ class BrowserSession:
             self._note(
                 self.notices, f"a new tab opened (tab {len(self.pages) - 1}) and is now current"
             )
+
+    async def _close_excess(self, page: Page) -> None:
+        if page in self._excess:
+            self._excess.discard(page)
+            with contextlib.suppress(PlaywrightError):
+                await page.close()
 
     def _on_close(self, page: Page) -> None:
         if page in self.pages:

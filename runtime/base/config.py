@@ -147,6 +147,9 @@ class BrowserConfig(Section, frozen=True):
     executable_path: str = ""
     headless: bool = True
     max_contexts: Positive = 32
+    # Tabs an episode may have open; each tab a page opens past it is closed at once (a
+    # button that called window.open 200 times opened 200 tabs).
+    max_tabs: Positive = 8
     action_timeout_s: PositiveFloat = 5.0
     navigation_timeout_s: PositiveFloat = 15.0
     observation_timeout_s: PositiveFloat = 10.0

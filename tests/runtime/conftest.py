@@ -45,6 +45,7 @@ PAGES: dict[str, str] = {
     "/tabs": """<!doctype html><title>Tabs</title><h1>Tabs</h1>
 <a href="/form" target="_blank">Form in a new tab</a>
 <button onclick="window.open('/')">Open home</button>
+<button onclick="for (let i = 0; i < 30; i++) window.open('/?' + i)">Open 30</button>
 <a href="OTHER/elsewhere">Leave the site</a>
 <a href="data:text/html,<h1>data</h1>">Data link</a>
 <a href="file:///etc/passwd">File link</a>""",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import pytest
 
 from runtime.base.config import ObservationConfig
@@ -133,6 +134,26 @@ async def test_tabs_popups_and_switching(pool: BrowserPool, web: Any) -> None:
         assert obs.url == web("/")
         with pytest.raises(ActionError, match="there is no tab 7"):
             await session.execute(do("Switch Tab", argument="7"))
+
+
+@pytest.mark.browser
+async def test_tabs_past_the_cap_are_closed(pool: BrowserPool, web: Any) -> None:
+    """A click that calls window.open 30 times (before: 30 tabs, and 200 from a button
+    that called it 200 times)."""
+    cap = pool.config.max_tabs
+    async with pool.session(allowed=[web.url]) as session:
+        await session.open([web("/tabs")])
+        obs = await session.observe(CONFIG)
+        await session.execute(do("Click", _id(obs, "Open 30")))
+        with anyio.fail_after(30):
+            while len(session.context.pages) > cap:  # noqa: ASYNC110 - polled: no event
+                await anyio.sleep(0.1)
+        await anyio.sleep(1)
+        assert len(session.pages) == len(session.context.pages) == cap
+        obs = await session.observe(CONFIG)
+        assert f"Note: a new tab was closed: an episode may have {cap} tabs open" in obs.text
+        await session.execute(do("Switch Tab", argument=str(cap - 1)))
+        assert (await session.observe(CONFIG)).url.startswith(web("/?"))
 
 
 @pytest.mark.browser
