@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shlex
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -27,7 +29,7 @@ from runtime.errors import BrowserError, playwright_errors
 from runtime.fence import Allowlist, AllowlistError, Fence
 from runtime.session import BrowserSession, call_until_gone
 
-__all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium"]
+__all__ = ["CHROMIUM_ARGS", "BrowserPool", "PoolStatistics", "find_chromium", "limited"]
 
 log = structlog.get_logger("runtime.browser")
 
@@ -70,6 +72,19 @@ def find_chromium(configured: str = "") -> str | None:
     return None
 
 
+def limited(executable: str, memory_mb: int, folder: Path) -> str:
+    """A script in `folder` that runs `executable` with its writable memory limited to
+    `memory_mb` (RLIMIT_DATA, which every process Chromium starts inherits: each renderer
+    has the limit of its own). A page that allocates past it gets allocation errors, or its
+    tab crashes; the other tabs and the machine keep their memory."""
+    script = folder / "chromium"
+    script.write_text(
+        f'#!/bin/sh\nulimit -d {memory_mb * 1024} || exit 1\nexec {shlex.quote(executable)} "$@"\n'
+    )
+    script.chmod(0o700)
+    return str(script)
+
+
 @dataclass(frozen=True, slots=True)
 class PoolStatistics:
     """What `BrowserPool.statistics()` reports."""
@@ -110,6 +125,8 @@ class BrowserPool:
         self._crashes = 0
         # Set when the current browser disconnects (a fresh one for each launch).
         self._gone = anyio.Event()
+        # Holds the launch script of `limited` while the pool runs.
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
 
     async def __aenter__(self) -> BrowserPool:
         with playwright_errors("start Playwright"):
@@ -136,6 +153,9 @@ class BrowserPool:
             if playwright is not None:
                 with contextlib.suppress(PlaywrightError):
                     await playwright.stop()
+        folder, self._folder = self._folder, None
+        if folder is not None:
+            folder.cleanup()
 
     def deny(self, url: str) -> None:
         """Make the origin of `url` (the policy server, the control API) unreachable for
@@ -170,13 +190,22 @@ class BrowserPool:
             if self._playwright is None:
                 raise BrowserError("the browser pool is not started (use `async with`)")
             args = [*CHROMIUM_ARGS, *self.config.extra_args]
+            executable = find_chromium(self.config.executable_path)
+            if self.config.process_memory_mb:
+                if self._folder is None:
+                    self._folder = tempfile.TemporaryDirectory(prefix="webagent-chromium-")
+                executable = limited(
+                    executable or self._playwright.chromium.executable_path,
+                    self.config.process_memory_mb,
+                    Path(self._folder.name),
+                )
             try:
                 with playwright_errors("launch Chromium"):
                     # Chromium runs in its own process group; with these off, a Ctrl-C or
                     # SIGTERM to our process group does not close it under running episodes:
                     # the daemon drains them and closes the browser itself.
                     browser = await self._playwright.chromium.launch(
-                        executable_path=find_chromium(self.config.executable_path),
+                        executable_path=executable,
                         args=args,
                         headless=self.config.headless,
                         handle_sigint=False,

@@ -150,6 +150,11 @@ class BrowserConfig(Section, frozen=True):
     # Tabs an episode may have open; each tab a page opens past it is closed at once (a
     # button that called window.open 200 times opened 200 tabs).
     max_tabs: Positive = 8
+    # Writable memory each Chromium process may take (RLIMIT_DATA; 0: no limit). A page's
+    # script allocating typed arrays took 4.1 GiB in 6 s, one filling JavaScript arrays
+    # 3.4 GiB (and then its tab crashed); with 1 GiB, 1.2 GiB for the whole browser. The
+    # limit is a process's: N tabs of such pages may still take N times it.
+    process_memory_mb: NonNegative = 2048
     action_timeout_s: PositiveFloat = 5.0
     navigation_timeout_s: PositiveFloat = 15.0
     observation_timeout_s: PositiveFloat = 10.0

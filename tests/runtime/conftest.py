@@ -77,6 +77,15 @@ for (let i = 0; i < 300; i++) {
 }
 el.textContent = "innermost";
 </script>""",
+    # A page that takes memory: typed arrays, 64 MiB at a time, up to 1.5 GiB.
+    "/hog": """<!doctype html><title>Hog</title><body><script>
+const held = [];
+let mb = 0;
+try {
+  while (mb < 1536) { held.push(new Uint8Array(64 << 20).fill(1)); mb += 64; }
+} catch (e) {}
+document.title = "held " + mb;
+</script>""",
     # Text no UTF-8 can hold: lone UTF-16 surrogates, which a page's script can make.
     "/surrogates": """<!doctype html><title>Surrogates</title>
 <p id="t">x</p><button id="b">x</button><input id="i" name="q"><p>a pair 😀, a text \\ud800</p>

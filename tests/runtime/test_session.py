@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from runtime.base.config import ObservationConfig
+from runtime.base.config import BrowserConfig, ObservationConfig
 from runtime.base.messages import Action
 from runtime.browser import BrowserPool
 from runtime.errors import ActionError, ElementNotFound, NavigationBlocked, ObservationError
@@ -134,6 +134,19 @@ async def test_tabs_popups_and_switching(pool: BrowserPool, web: Any) -> None:
         assert obs.url == web("/")
         with pytest.raises(ActionError, match="there is no tab 7"):
             await session.execute(do("Switch Tab", argument="7"))
+
+
+@pytest.mark.browser
+async def test_a_page_gets_no_more_memory_than_the_limit(web: Any) -> None:
+    """browser.process_memory_mb bounds each Chromium process: a page that fills typed
+    arrays stops short of the limit (without one it held all 1,536 MiB it asked for)."""
+    config = BrowserConfig(process_memory_mb=512, navigation_timeout_s=20.0)
+    async with BrowserPool(config) as limited, limited.session(allowed=[web.url]) as session:
+        await session.open([web("/hog")])
+        title = await session.page.title()
+        assert title.startswith("held ") and int(title.split()[1]) < 512
+        await session.execute(do("Goto", argument=web("/")))  # the episode goes on
+        assert (await session.observe(CONFIG)).title == "Home"
 
 
 @pytest.mark.browser
