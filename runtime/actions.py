@@ -23,6 +23,7 @@ one gets U+FFFD in its place.
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass
 from typing import Final
 
@@ -141,7 +142,11 @@ def parse_action(source: str) -> Action:
     if len(source) > MAX_ANSWER_CHARS:
         raise ParseError(f"the answer is {len(source)} characters long; the limit is 4000")
     try:
-        tree = ast.parse(source, mode="eval")
+        # A model writes "1if" too: Python's SyntaxWarning would go to stderr (over the
+        # live table) for every such reply; what the tree holds is judged below.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(source, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ParseError(f"the answer is not a valid call: {shorten(source)}; {_USAGE}") from exc
     call = tree.body

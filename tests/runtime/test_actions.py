@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 
 import msgspec
 import pytest
@@ -311,3 +312,16 @@ def test_hostile_completions_parse_in_linear_time(unit: str) -> None:
         assert elapsed < 0.5, (unit, len(text), elapsed)
         assert isinstance(result, ParseError)
     assert "the limit is" in str(_parse_or_error(one_mb))
+
+
+def test_a_reply_python_warns_about_warns_no_one() -> None:
+    """`1if` and `0x1for` make Python's parser warn (SyntaxWarning, printed on stderr over
+    the live table in a daemon; an error under this suite's filter). Neither is a literal
+    call: both are parse errors, and nothing is warned."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ParseError, match="element= must be a string or number literal"):
+            parse_action('do(action="Click", element=1if 1 else 2)')
+        with pytest.raises(ParseError, match="not a valid call"):
+            parse_action('do(action="Click", element=0x1for)')
+    assert caught == []
