@@ -392,7 +392,10 @@ def test_train_rewards_tasks_without_an_evaluator_by_the_orm_judge(sku_model: Pa
     lora.write_text('[bc]\nmode = "lora"\n')
     judge = root / "orm-judge"
     train = ["orm", "train", "--rollouts", str(store), "--base", str(root / "bc")]
-    assert main([*train, "--out", str(judge), "--max-steps", "30", "--config", str(lora)]) == 0
+    # 100 steps, not 30: after 30 (held-out accuracy 1.0 on its own rollouts) one judge's
+    # first token on every SKU episode was still the policy's "<think" (log-prob -0.04; Y
+    # -9.0, outside the top 5): 200 groups unjudged and no update (a full suite, Zen 4).
+    assert main([*train, "--out", str(judge), "--max-steps", "100", "--config", str(lora)]) == 0
     run_dir = root / "orm-run"
     extra = "[webrl]\nevolve_per_parent = 0\ncritic_steps = 1\n"
     config = _config(root, run_dir, port=free_port(), tasks=folder, extra=extra)
