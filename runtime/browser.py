@@ -2,7 +2,9 @@
 
 Debian's `chromium-headless-shell` is preferred for episodes: on two cores it ran ~3x the
 actions/s of full Chromium at a third of the memory per context (MACHINE_NOTES.md).
-The real binaries are launched, not the wrapper scripts on the PATH.
+The real binaries are launched, not Debian's wrapper scripts on the PATH; with
+`process_memory_mb` through a two-line script of our own (`limited`) that sets the memory
+limit and execs the binary.
 """
 
 from __future__ import annotations
