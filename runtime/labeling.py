@@ -7,7 +7,10 @@ answer or page check) is evaluated as usual, its "orm" check left `passed=None`
 page) about each such episode and writes its verdict into that check; the reward is then
 the product of the checks as the evaluators make it. A verdict that is neither Yes nor No,
 or a judge that cannot be reached, leaves the check unjudged: reward 0, `unjudged`, and
-so never trained on (`Trajectory.scored`), never a failure.
+so never trained on (`Trajectory.scored`), never a failure. A judge that leaves
+`SILENT_JUDGE_EPISODES` episodes in a row unjudged is reported (a `Fault` of kind "judge",
+and again every as many after): a judge that answers with the policy's first token instead
+left every group of a WebRL run untrainable, and only info lines said so.
 
 The judge is a LoRA on the served model (`sites.orm_judge`), loaded into the policy server
 under `JUDGE_NAME`; `OrmJudgeAdapter.ensure` loads it again when the server has lost it
@@ -17,6 +20,8 @@ under `JUDGE_NAME`; `OrmJudgeAdapter.ensure` loads it again when the server has 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -29,17 +34,28 @@ from runtime.base.config import ConfigError
 from runtime.base.messages import (
     EVALUATED_STATUSES,
     EvalCheck,
+    Event,
+    Fault,
     Trajectory,
     TrajectoryGroup,
 )
 from sites.evaluators import evaluation_of
 
-__all__ = ["JUDGE_NAME", "OrmJudgeAdapter", "OrmLabeler", "check_judge", "judged"]
+__all__ = [
+    "JUDGE_NAME",
+    "SILENT_JUDGE_EPISODES",
+    "OrmJudgeAdapter",
+    "OrmLabeler",
+    "check_judge",
+    "judged",
+]
 
 log = structlog.get_logger("runtime.labeling")
 
 JUDGE_NAME = "orm-judge"
 ORM_CHECK = "orm"
+# Episodes in a row left unjudged before the labeler reports a fault (four groups of 4).
+SILENT_JUDGE_EPISODES = 16
 
 
 def check_judge(folder: str | Path, served_model: str | None) -> None:
@@ -78,10 +94,18 @@ class OrmJudgeAdapter:
 class OrmLabeler:
     """Judges the "orm" checks of finished groups."""
 
-    def __init__(self, judge: OrmJudge, adapter: OrmJudgeAdapter | None = None) -> None:
+    def __init__(
+        self,
+        judge: OrmJudge,
+        adapter: OrmJudgeAdapter | None = None,
+        *,
+        on_event: Callable[[Event], Awaitable[None]] | None = None,
+    ) -> None:
         self.judge = judge
         self.adapter = adapter
+        self.on_event = on_event
         self.judged = self.unjudged = 0
+        self.unjudged_in_a_row = 0
 
     async def label(self, group: TrajectoryGroup) -> TrajectoryGroup:
         """The group with every pending "orm" check judged (others unchanged)."""
@@ -108,8 +132,12 @@ class OrmLabeler:
             trajectories[i] = judged(trajectories[i], verdict, detail)
             if trajectories[i].scored:
                 self.judged += 1
+                self.unjudged_in_a_row = 0
             else:
                 self.unjudged += 1
+                self.unjudged_in_a_row += 1
+                if self.unjudged_in_a_row % SILENT_JUDGE_EPISODES == 0:
+                    await self._silent()
         log.info(
             "labeling.group",
             group_id=group.group_id,
@@ -117,6 +145,18 @@ class OrmLabeler:
             rewards=[trajectories[i].reward for i in pending],
         )
         return msgspec.structs.replace(group, trajectories=trajectories)
+
+    async def _silent(self) -> None:
+        count = self.unjudged_in_a_row
+        message = (
+            f"the ORM judge left the last {count} episodes unjudged (no Yes or No among the "
+            f"top {self.judge.k} first tokens, or no answer): their groups are not trained"
+        )
+        log.warning("labeling.judge_silent", episodes=count)
+        if self.on_event is not None:
+            await self.on_event(
+                Fault(at=time.time(), kind="judge", message=message, where="runtime.labeling")
+            )
 
 
 def judged(trajectory: Trajectory, verdict: Verdict | None, detail: str = "") -> Trajectory:

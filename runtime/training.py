@@ -109,7 +109,7 @@ class Training:
             adapter = OrmJudgeAdapter(client, config.sites.orm_judge, served_model=model)
             # As many top log-probs as the server gives (policy.max_logprobs).
             judge = OrmJudge(client, stack.renderer, model=JUDGE_NAME, k=config.policy.max_logprobs)
-            self.labeler = OrmLabeler(judge, adapter)
+            self.labeler = OrmLabeler(judge, adapter, on_event=self._emit)
         webrl = config.learner.algorithm == "webrl"
         from learner.trainer import Learner  # torch: loaded only where training runs
 

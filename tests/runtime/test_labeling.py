@@ -24,6 +24,8 @@ from runtime.base.messages import (
     EvalCheck,
     EvalSpec,
     Evaluation,
+    Event,
+    Fault,
     TaskConfig,
     Trajectory,
     TrajectoryGroup,
@@ -120,6 +122,39 @@ async def test_the_labeler_writes_each_verdict_into_the_pending_check(
     assert labeled.trajectories[5] == group.trajectories[5]
     assert [t.reward for t in again.trajectories] == rewards
     assert (labeler.judged, labeler.unjudged) == (6, 4)
+
+
+async def test_a_judge_that_answers_neither_for_16_episodes_in_a_row_is_a_fault(
+    tiny_model: Path,
+) -> None:
+    """The WebRL run whose judge answered with the policy's first token: 200 groups
+    unjudged, nothing trained, and only info lines said so."""
+    renderer = PromptRenderer.from_model(tiny_model)
+    yes = renderer.decode([first_tokens(renderer)[0]])
+    answers: dict[str, dict[str, float] | None] = {
+        f"task {i}": {"<think": -0.04} for i in range(40)
+    }
+    answers["task 16"] = {yes: -0.1}  # one verdict: the count starts again
+    faults: list[Event] = []
+
+    async def record(event: Event) -> None:
+        faults.append(event)
+
+    def group(indices: range) -> TrajectoryGroup:
+        episodes = [_trajectory(i, checks=[PENDING]) for i in indices]
+        return TrajectoryGroup(group_id="g", task_id=1, created_at=0.0, trajectories=episodes)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(Server(renderer, answers))) as http:
+        client = CompletionClient(http, "http://vllm.test", max_retries=0)
+        judge = OrmJudge(client, renderer, model=JUDGE_NAME, k=5)
+        labeler = OrmLabeler(judge, on_event=record)
+        await labeler.label(group(range(32)))  # 16 unjudged, a Yes, 15 unjudged
+        assert len(faults) == 1
+        await labeler.label(group(range(32, 33)))  # the 16th in a row again
+    assert [type(f).__name__ for f in faults] == ["Fault", "Fault"]
+    assert isinstance(faults[0], Fault) and faults[0].kind == "judge"
+    assert faults[0].message.startswith("the ORM judge left the last 16 episodes unjudged")
+    assert (labeler.judged, labeler.unjudged, labeler.unjudged_in_a_row) == (1, 32, 16)
 
 
 async def test_groups_without_a_pending_check_are_left_alone(tiny_model: Path) -> None:
