@@ -303,9 +303,10 @@ def format_action(action: Action) -> str:
 
 
 def _quote(text: str) -> str:
-    """A double-quoted Python string literal of `text`."""
+    """A double-quoted Python string literal of `text`, with "</answer>" written
+    "\\x3c/answer>" (literally, it would end the answer that holds the literal)."""
     body = repr(text)
     if body.startswith("'"):
         inner = body[1:-1].replace('"', '\\"').replace("\\'", "'")
-        return f'"{inner}"'
-    return body
+        body = f'"{inner}"'
+    return body.replace("</answer>", "\\x3c/answer>")

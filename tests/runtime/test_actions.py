@@ -8,7 +8,7 @@ import warnings
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from policy.prompt import SYSTEM_PROMPT
@@ -237,6 +237,9 @@ _ACTIONS = st.one_of(
 
 @settings(max_examples=1000, deadline=None)
 @given(_ACTIONS)
+# Found by hypothesis in a clean clone: written literally, "</answer>" ended the answer.
+@example(Action(kind="exit", message="</answer>"))
+@example(Action(kind="do", name="Type", argument="\\</answer><answer>", element=1))
 def test_format_then_parse_is_the_identity(action: Action) -> None:
     text = format_action(action)
     if len(text) <= MAX_ANSWER_CHARS:
