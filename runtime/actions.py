@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from runtime.base.messages import Action
-from runtime.base.text import well_formed
+from runtime.base.text import shorten, well_formed
 from runtime.errors import ParseError
 
 __all__ = [
@@ -278,12 +278,6 @@ def _index(argument: str) -> int:
     if not (text.isdecimal() and text.isascii()) or len(text) > 6:
         raise ParseError(f'Switch Tab needs a tab index like argument="1", not {shorten(text)!r}')
     return int(text)
-
-
-def shorten(text: str, limit: int = 60) -> str:
-    """`text` on one line, cut to `limit` characters with "…"."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def format_action(action: Action) -> str:

@@ -42,7 +42,7 @@ from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
 from runtime.base.config import ObservationConfig
-from runtime.base.text import cut, fit_lines, well_formed_json
+from runtime.base.text import fit_lines, shorten, well_formed_json
 from runtime.compact import FIELD_KINDS, MARKERS, PREFIX, compact_element
 from runtime.errors import BrowserError, ObservationError, is_closed
 
@@ -516,9 +516,9 @@ def render(
     if above:
         own.append(f"<!-- {above} lines above: Scroll Up to see them -->")
     # The page sets its title, URL and dialogs: each line is cut, and the notes past half
-    # the budget are counted, not shown (a 200,000-character title made a prompt of 50,000
-    # tokens).
-    own = [cut(line, _HEAD_LINE_CHARS) for line in own]
+    # the budget are counted, not shown (a 200,000-character title made an observation of
+    # 120,890 tokens).
+    own = [shorten(line, _HEAD_LINE_CHARS) for line in own]
     budget = config.max_tokens
     room = budget // 2 - sum(count_tokens(line) + 1 for line in own)
     head = [

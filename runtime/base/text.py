@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["cut", "fit_lines", "well_formed", "well_formed_json", "well_formed_tree"]
+__all__ = ["fit_lines", "shorten", "well_formed", "well_formed_json", "well_formed_tree"]
 
 
 def well_formed(text: str) -> str:
@@ -61,9 +61,10 @@ def well_formed_json(payload: str) -> str:
     return _SURROGATE_ESCAPE.sub(_pair_or_replacement, payload)
 
 
-def cut(line: str, limit: int) -> str:
-    """`line` cut to `limit` characters, the last of them "…" where it was longer."""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+def shorten(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters with "…"."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def fit_lines(
@@ -74,13 +75,13 @@ def fit_lines(
     line_chars: int,
     dropped: Callable[[int], str],
 ) -> list[str]:
-    """`lines`, each `cut` to `line_chars`, from the first while they fit in `budget`
+    """`lines`, each `shorten`ed to `line_chars`, from the first while they fit in `budget`
     tokens (a line costs its tokens and one for its newline); the ones that do not are
     replaced by the line `dropped(count)`, which the budget leaves room for."""
     kept: list[str] = []
     used = 0
     for index, whole in enumerate(lines):
-        line = cut(whole, line_chars)
+        line = shorten(whole, line_chars)
         cost = count_tokens(line) + 1
         last = index == len(lines) - 1
         reserve = 0 if last else count_tokens(dropped(len(lines))) + 1
