@@ -366,7 +366,13 @@ class Learner:
             self._zero_variance += 1
             self._set_aside.zero_variance.append(group.group_id)
             return
-        versions = [t.adapter_version for tr in group.trajectories for t in tr.turns]
+        # The policy's turns: a guided start's first turns are the oracle's (no version).
+        versions = [
+            t.adapter_version
+            for tr in group.trajectories
+            for t in tr.turns
+            if t.completion_token_ids
+        ]
         oldest = min(versions, default=-1)
         if oldest < 0 or self.version - oldest > self.config.max_staleness:
             self._stale += 1

@@ -165,6 +165,7 @@ async def _worker_rollout(
             max_episodes=spec.contexts,
             count_tokens=count_tokens,
             on_event=record,
+            oracle=OraclePolicy() if config.scheduler.guide_longer_than else None,
         )
         watching.cancel_scope.cancel()
 

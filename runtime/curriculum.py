@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Literal
 
 from runtime.base.messages import EVALUATED_STATUSES, TaskConfig
+from runtime.guided import guide_of
 from runtime.store import iter_outcomes
 
 __all__ = ["Curriculum", "CurriculumKind", "TaskLength", "mixed_probability"]
@@ -109,8 +110,11 @@ def _mixed_below(a: float, b: float, group_size: int, ceiling: float, points: in
 
 
 def template_of(task: TaskConfig) -> str:
+    """The key rewards are kept under: the template (else the intent), and for a guided
+    start (`runtime.guided`) the steps the oracle plays, a template of its own."""
     template = task.intent_template_id
-    return f"t:{template}" if isinstance(template, int | str) else f"i:{task.intent}"
+    name = f"t:{template}" if isinstance(template, int | str) else f"i:{task.intent}"
+    return f"{name}@{guide_of(task)}" if guide_of(task) else name
 
 
 class Curriculum:
@@ -149,7 +153,8 @@ class Curriculum:
         self._tasks = list(tasks)
         self._order: list[TaskConfig] = []
         self._by_template: dict[str, list[TaskConfig]] = defaultdict(list)
-        self._template_of_id: dict[int, str] = {}
+        # (task_id, guide) -> template: a task and its guided variants share the id.
+        self._template_of_id: dict[tuple[int, int], str] = {}
         # Under "signal" with lengths: each template's length (its first task's), the
         # templates that share a prior.
         self._class_of: dict[str, int | None] = {}
@@ -190,16 +195,17 @@ class Curriculum:
     def _join(self, task: TaskConfig) -> None:
         template = template_of(task)
         self._by_template[template].append(task)
-        self._template_of_id[task.task_id] = template
+        self._template_of_id[task.task_id, guide_of(task)] = template
         if self._length is not None and template not in self._class_of:
             steps = self._length(task)
             self._class_of[template] = steps
             self._classes[steps].append(template)
 
-    def observe(self, task_id: int, outcomes: Iterable[tuple[float, str]]) -> None:
-        """Remember a finished group's (reward, status) pairs under its task's template;
-        episodes that ended by an infrastructure failure say nothing and are skipped."""
-        template = self._template_of_id.get(task_id)
+    def observe(self, task_id: int, outcomes: Iterable[tuple[float, str]], guide: int = 0) -> None:
+        """Remember a finished group's (reward, status) pairs under its task's template
+        (its guided variant's, with `guide`); episodes that ended by an infrastructure
+        failure say nothing and are skipped."""
+        template = self._template_of_id.get((task_id, guide))
         if template is None:
             return
         scored = [1.0 if reward > 0.5 else 0.0 for reward, status in outcomes
@@ -213,12 +219,16 @@ class Curriculum:
         and the ordered kinds take the tasks already drawn off their epoch
         (`skip_drawn`). Returns how many groups were observed."""
         drawn: list[int] = []
+        observed = 0
         for group in iter_outcomes(path):
             if group.split == split:
-                self.observe(group.task_id, [(t.reward, t.status) for t in group.trajectories])
-                drawn.append(group.task_id)
+                outcomes = [(t.reward, t.status) for t in group.trajectories]
+                self.observe(group.task_id, outcomes, group.guide)
+                observed += 1
+                if not group.guide:  # the ordered kinds' epochs hold the plain tasks
+                    drawn.append(group.task_id)
         self.skip_drawn(drawn)
-        return len(drawn)
+        return observed
 
     def skip_drawn(self, task_ids: Iterable[int]) -> None:
         """Take tasks drawn before (oldest first) off the order, epoch by epoch: the run

@@ -83,6 +83,15 @@ class OraclePolicy:
         text = f"<think>{thought}</think><answer>{format_action(action)}</answer>"
         return PolicyReply(text=text, finish_reason="stop")
 
+    def steps_done(self, episode_id: str) -> int:
+        """Steps of the plan played so far in an episode (0 before its first turn)."""
+        state = self._episodes.get(episode_id)
+        return 0 if state is None else state.step
+
+    def forget(self, episode_id: str) -> None:
+        """Drop an episode's place in its plan (another policy goes on with it)."""
+        self._episodes.pop(episode_id, None)
+
     def _next(self, state: _State, observation: str) -> tuple[str, Action]:
         if state.step >= len(state.plan):
             return "The plan is finished.", Action(kind="exit", message="")

@@ -24,8 +24,10 @@ from runtime.browser import BrowserPool
 from runtime.environment import Environment
 from runtime.episode import Episode, EpisodeSettings, Gate
 from runtime.errors import BrowserError
+from runtime.guided import GuidedPolicy, guide_of
 from runtime.logs import bind_ids
 from runtime.observation import TokenCounter, estimate_tokens
+from runtime.oracle import OraclePolicy
 from runtime.protocols import Policy
 
 __all__ = ["WORKER_LOST", "GroupRunner", "Rollout", "RolloutStatistics"]
@@ -78,10 +80,14 @@ class Rollout:
         count_tokens: TokenCounter = estimate_tokens,
         on_event: Callable[[Event], None] | None = None,
         gate: Gate | None = None,
+        oracle: OraclePolicy | None = None,
     ) -> None:
         self.environment = environment
         self.pool = pool
         self.policy = policy
+        # Plays the first steps of guided tasks (`runtime.guided`); without it a guided
+        # task is refused (evaluations are never guided).
+        self.oracle = oracle
         self.settings = settings
         self.count_tokens = count_tokens
         self.on_event = on_event
@@ -105,7 +111,14 @@ class Rollout:
     async def run_group(
         self, task: TaskConfig, *, group_size: int, split: str = "", group_id: str | None = None
     ) -> TrajectoryGroup:
-        """G episodes of `task` at once; returns when all G have a trajectory."""
+        """G episodes of `task` at once; returns when all G have a trajectory.
+        Raises ValueError for a guided task (`TaskConfig.guide`) without an oracle."""
+        guide = guide_of(task)
+        if guide and self.oracle is None:
+            raise ValueError(
+                f"task {task.task_id} asks for a guided start (guide={guide}), which only "
+                "training with scheduler.guide_longer_than runs"
+            )
         group_id = group_id or uuid.uuid4().hex[:12]
         started = time.time()
         results: list[Trajectory | None] = [None] * group_size
@@ -126,6 +139,7 @@ class Rollout:
                 trajectories=trajectories,
                 created_at=time.time(),
                 split=split,
+                guide=guide,
             )
             rewards = [t.reward for t in trajectories]
             if self.on_event is not None:
@@ -165,6 +179,10 @@ class Rollout:
                     self.environment.episode(task) as setup,
                     self.pool.session(allowed=setup.allowed, cookies=setup.cookies) as session,
                 ):
+                    policy = self.policy
+                    if guide_of(task):
+                        assert self.oracle is not None  # run_group refused it otherwise
+                        policy = GuidedPolicy(self.oracle, policy, guide_of(task))
                     episode = Episode(
                         episode_id=episode_id,
                         group_id=group_id,
@@ -172,7 +190,7 @@ class Rollout:
                         start_urls=setup.start_urls,
                         urls=setup.urls,
                         session=session,
-                        policy=self.policy,
+                        policy=policy,
                         evaluate=self.environment.evaluate,
                         settings=self.settings,
                         count_tokens=self.count_tokens,

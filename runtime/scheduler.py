@@ -251,7 +251,7 @@ class Scheduler:
             self._finished += 1
             self._mixed += group.rewards_differ()
             self.curriculum.observe(
-                group.task_id, [(t.reward, t.status) for t in group.trajectories]
+                group.task_id, [(t.reward, t.status) for t in group.trajectories], group.guide
             )
             turns = sum(len(t.turns) for t in group.trajectories)
             self._finishes.append((time.monotonic(), turns, len(group.trajectories)))

@@ -199,6 +199,7 @@ class GroupOutcome(msgspec.Struct, frozen=True):
     task_id: int
     trajectories: list[EpisodeOutcome]
     split: str = ""
+    guide: int = 0
 
 
 _outcome_decoder = msgspec.json.Decoder(GroupOutcome)

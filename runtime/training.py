@@ -37,7 +37,9 @@ from runtime.cluster import RayRollout, ray_rollout
 from runtime.environment import Environment
 from runtime.episode import EpisodeSettings
 from runtime.evolution import BuiltinMaker, TaskEvolution, TaskMaker
+from runtime.guided import guided_variants, steps_left
 from runtime.labeling import JUDGE_NAME, OrmJudgeAdapter, OrmLabeler
+from runtime.oracle import OraclePolicy
 from runtime.policystack import PolicyStack
 from runtime.rollout import GroupRunner, Rollout
 from runtime.scheduler import Scheduler
@@ -193,17 +195,21 @@ class Training:
                     max_episodes=config.scheduler.max_episodes_in_flight,
                     count_tokens=self._stack.renderer.count_tokens,
                     on_event=self._record,
+                    oracle=OraclePolicy() if config.scheduler.guide_longer_than else None,
                 )
+            tasks = list(environment.tasks(config.scheduler.split))
+            if config.scheduler.guide_longer_than:
+                tasks += guided_variants(tasks, config.scheduler.guide_longer_than, plan_length)
             scheduler = Scheduler(
                 rollout=rollout,
-                tasks=environment.tasks(config.scheduler.split),
+                tasks=tasks,
                 send=groups_send,
                 group_size=config.scheduler.group_size,
                 max_groups=config.scheduler.max_groups_in_flight,
                 split=config.scheduler.split,
                 seed=config.scheduler.seed + max(self.learner.version, 0),
                 curriculum=config.scheduler.curriculum,
-                length=plan_length,
+                length=steps_left(plan_length),
                 signal_ceiling=config.scheduler.signal_ceiling,
                 signal_warmup=config.scheduler.signal_warmup,
                 admit=self._admit if config.scheduler.only_fresh_groups else None,

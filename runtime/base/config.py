@@ -324,6 +324,12 @@ class SchedulerConfig(Section, frozen=True):
     # first 6 groups and 18 s in "short_first" order. 2: one update's worth
     # (learner.batch_groups), as the measured "signal" arms started.
     signal_warmup: NonNegative = 2
+    # Guided starts (`runtime.guided`, M-GRPO on the built-in sites): each training task
+    # whose scripted solution takes more than this many steps also comes as variants
+    # where the oracle plays the first steps and the policy the last 2 .. n-1, each variant
+    # a template of its own for "signal". 0: off. A BC on tasks of at most 3 steps solves
+    # almost no longer task, so M-GRPO's groups on them all fail and teach nothing.
+    guide_longer_than: NonNegative = 0
     # Finished groups waiting for the learner.
     stream_buffer: NonNegative = 4
     # Start a group only when the learner would train it: one that reaches the learner
@@ -448,6 +454,13 @@ class Config(Section, frozen=True):
     daemon: DaemonConfig = DaemonConfig()
     endpoint: EndpointConfig = EndpointConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    def __post_init__(self) -> None:
+        if self.scheduler.guide_longer_than and self.learner.algorithm != "mgrpo":
+            raise ValueError(
+                "scheduler.guide_longer_than: guided starts are for M-GRPO (learner.algorithm "
+                "= \"mgrpo\"); WebRL's critic and replay read every turn as the policy's"
+            )
 
 
 class ConfigError(Exception):

@@ -123,6 +123,9 @@ class TaskConfig(_Msg, frozen=True):
     instantiation_dict: dict[str, Any] | UnsetType = UNSET
     require_reset: bool | UnsetType = UNSET
     intent_template_id: int | str | UnsetType = UNSET
+    # Not WebArena's: a guided start (`runtime.guided`, training only). The oracle plays
+    # the first `guide` steps of the task's scripted solution, the policy the rest.
+    guide: int | UnsetType = UNSET
     extra_fields: dict[str, Any] = {}
 
 
@@ -346,6 +349,8 @@ class TrajectoryGroup(_Msg, frozen=True):
     trajectories: list[Trajectory]
     created_at: float
     split: str = ""
+    # Steps of the task's scripted solution the oracle played first (`TaskConfig.guide`).
+    guide: int = 0
 
     def rewards_differ(self) -> bool:
         """`rewards_differ` of its trajectories: the group can teach."""

@@ -654,3 +654,33 @@ def test_an_update_follows_the_thread_count_it_is_told_between_forward_passes(
     assert len(seen) >= 4  # micro-batches of 64 tokens: several forward passes
     assert [set_ for told, set_ in seen] == [told for told, _ in seen]
     assert seen[0] == (2, 2) and seen[-1] == (1, 1)
+
+
+def _guided(group: TrajectoryGroup) -> TrajectoryGroup:
+    """`group` as a guided start: each episode begins with a turn the oracle played."""
+    trajectories = []
+    for trajectory in group.trajectories:
+        oracle = msgspec.structs.replace(
+            trajectory.turns[0], prompt_token_ids=[], completion_token_ids=[],
+            completion_logprobs=[], adapter="", adapter_version=-1, text="oracle",
+        )  # fmt: skip
+        trajectories.append(msgspec.structs.replace(trajectory, turns=[oracle, *trajectory.turns]))
+    return msgspec.structs.replace(group, trajectories=trajectories, guide=1)
+
+
+@pytest.mark.anyio
+async def test_a_guided_group_is_trained_on_the_policys_turns_not_set_aside_as_stale(
+    tmp_path: Path, tiny_model_dir: Path, make_group: MakeGroup
+) -> None:
+    rec = Recorder()
+    learner = Learner(CONFIG, base_model=tiny_model_dir, out_dir=tmp_path,
+                      publish=rec.publish, emit=rec.emit)  # fmt: skip
+    guided = _guided(group(make_group, 1, "guided", [1, 0], 0))
+    # The oracle's turns carry no version: only the policy's say how old a group is.
+    all_oracle = _guided(group(make_group, 2, "all_oracle", [0, 1], 0))
+    firsts = [msgspec.structs.replace(t, turns=t.turns[:1]) for t in all_oracle.trajectories]
+    all_oracle = msgspec.structs.replace(all_oracle, trajectories=firsts)
+    await feed(learner, [guided, all_oracle, group(make_group, 3, "plain", [0, 1], 0)])
+    updates = [e for e in rec.events if isinstance(e, UpdateApplied)]
+    assert [(u.groups_trained, u.groups_stale) for u in updates] == [(2, 1)]
+    assert learner.statistics().groups_trained == 2

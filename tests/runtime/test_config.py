@@ -53,6 +53,11 @@ def test_partial_file_overrides_only_its_fields(tmp_path: Path) -> None:
             "learner",
             'a term of "mgrpo" on one rank',
         ),
+        (
+            "[learner]\nalgorithm = 'webrl'\n[scheduler]\nguide_longer_than = 3\n",
+            "(top level)",
+            "scheduler.guide_longer_than: guided starts are for M-GRPO",
+        ),
     ],
 )
 def test_bad_file_names_field(tmp_path: Path, text: str, field: str, problem: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from runtime.base.messages import TaskConfig, Trajectory, TrajectoryGroup
 from runtime.curriculum import Curriculum, CurriculumKind, mixed_probability, template_of
+from runtime.guided import guided_variants, steps_left
 from runtime.store import TrajectoryStore
 
 
@@ -314,3 +315,42 @@ def test_signal_draws_short_first_until_its_warmup_has_seen_mixed_groups(
     # Other kinds ignore it: "uniform" stays shuffled.
     uniform = Curriculum(tasks, group_size=4, seed="0:train", length=length, warmup=2)
     assert [length(uniform.next()) for _ in range(12)] != [1] * 12
+
+
+def test_a_guided_variant_is_a_template_of_its_own_with_the_prior_of_the_steps_it_leaves(
+    tmp_path: Path,
+) -> None:
+    # Template 0: 5-step tasks; template 1: 2-step ones; variants of template 0 leave 2..4.
+    tasks = [_task(i, 0) for i in range(4)] + [_task(10 + i, 1) for i in range(4)]
+    lengths = {0: 5, 1: 2}
+
+    def length(task: TaskConfig) -> int | None:
+        return lengths[task.intent_template_id]  # type: ignore[index]
+
+    variants = guided_variants(tasks, 3, length)
+    curriculum = Curriculum(
+        tasks + variants, kind="signal", group_size=4, seed="0", length=steps_left(length)
+    )
+    assert sorted(curriculum.weights()) == ["t:0", "t:0@1", "t:0@2", "t:0@3", "t:1"]
+    # The same task id: the guide says whose window a group goes to.
+    curriculum.observe(0, [(0.0, "exited")] * 4, guide=3)
+    assert curriculum.weight("t:0@3") < curriculum.weight("t:0") == curriculum.weight("t:0@1")
+    # Leaving 2 steps, variant 3 is pooled with template 1 (2 steps), not with template 0.
+    curriculum.observe(10, [(1.0, "exited")] * 4)
+    assert curriculum.prior("t:0@3")[0] == pytest.approx(4.5 / 5)
+    assert curriculum.prior("t:0") == (0.5, 0.5)
+    # A resumed run puts a stored guided group back under its variant.
+    with TrajectoryStore(tmp_path / "trajectories.jsonl") as store:
+        episodes = [
+            Trajectory(episode_id=f"g-{i}", group_id="g", task_id=1, intent="", status="exited")
+            for i in range(4)
+        ]
+        stored = TrajectoryGroup(
+            group_id="g", task_id=1, trajectories=episodes, created_at=0, split="train", guide=2
+        )
+        store.append(stored)
+    resumed = Curriculum(
+        tasks + variants, kind="signal", group_size=4, seed="0", length=steps_left(length)
+    )
+    assert resumed.observe_store(tmp_path, "train") == 1
+    assert resumed.weight("t:0@2") < resumed.weight("t:0@1") == resumed.weight("t:0")
