@@ -33,8 +33,9 @@ from runtime.protocols import Policy
 
 __all__ = ["GuidedPolicy", "guide_of", "guided_variants", "steps_left"]
 
-# The fewest steps a guided variant leaves to the policy: one is only the final answer.
-MIN_LEFT = 2
+# The fewest steps a guided variant leaves to the policy: 1 is the last step alone (the
+# answer read off the page the oracle reached, or the exit after its last action).
+MIN_LEFT = 1
 
 
 def guide_of(task: TaskConfig) -> int:
@@ -46,8 +47,9 @@ def guided_variants(
     tasks: Iterable[TaskConfig], longer_than: int, length: Callable[[TaskConfig], int | None]
 ) -> list[TaskConfig]:
     """For each task whose scripted solution takes n > `longer_than` steps (its exit
-    included), n - MIN_LEFT variants: the oracle plays the first g steps, g = 1 .. n - 2,
-    leaving the policy n - g of them. Tasks of unknown length (WebArena's) have none."""
+    included), n - MIN_LEFT variants: the oracle plays the first g steps, g = 1 .. n -
+    MIN_LEFT, leaving the policy n - g of them. Tasks of unknown length (WebArena's) have
+    none."""
     variants = []
     for task in tasks:
         steps = length(task)

@@ -320,7 +320,7 @@ def test_signal_draws_short_first_until_its_warmup_has_seen_mixed_groups(
 def test_a_guided_variant_is_a_template_of_its_own_with_the_prior_of_the_steps_it_leaves(
     tmp_path: Path,
 ) -> None:
-    # Template 0: 5-step tasks; template 1: 2-step ones; variants of template 0 leave 2..4.
+    # Template 0: 5-step tasks; template 1: 2-step ones; variants of template 0 leave 1..4.
     tasks = [_task(i, 0) for i in range(4)] + [_task(10 + i, 1) for i in range(4)]
     lengths = {0: 5, 1: 2}
 
@@ -331,7 +331,7 @@ def test_a_guided_variant_is_a_template_of_its_own_with_the_prior_of_the_steps_i
     curriculum = Curriculum(
         tasks + variants, kind="signal", group_size=4, seed="0", length=steps_left(length)
     )
-    assert sorted(curriculum.weights()) == ["t:0", "t:0@1", "t:0@2", "t:0@3", "t:1"]
+    assert sorted(curriculum.weights()) == ["t:0", "t:0@1", "t:0@2", "t:0@3", "t:0@4", "t:1"]
     # The same task id: the guide says whose window a group goes to.
     curriculum.observe(0, [(0.0, "exited")] * 4, guide=3)
     assert curriculum.weight("t:0@3") < curriculum.weight("t:0") == curriculum.weight("t:0@1")

@@ -121,7 +121,7 @@ async def test_the_hand_over_counts_plan_steps_not_scrolls_and_happens_once() ->
         GuidedPolicy(oracle, policy, steps=0)
 
 
-def test_variants_leave_the_policy_two_steps_or_more_and_only_of_long_tasks() -> None:
+def test_variants_leave_the_policy_one_step_or_more_and_only_of_long_tasks() -> None:
     lengths = {1: 6, 2: 3, 3: None}
     tasks = [msgspec.structs.replace(TASK, task_id=i) for i in lengths]
 
@@ -129,7 +129,7 @@ def test_variants_leave_the_policy_two_steps_or_more_and_only_of_long_tasks() ->
         return lengths[task.task_id]
 
     variants = guided_variants(tasks, 3, length)
-    assert [(v.task_id, guide_of(v)) for v in variants] == [(1, 1), (1, 2), (1, 3), (1, 4)]
-    assert [steps_left(length)(v) for v in variants] == [5, 4, 3, 2]
+    assert [(v.task_id, guide_of(v)) for v in variants] == [(1, g) for g in range(1, 6)]
+    assert [steps_left(length)(v) for v in variants] == [5, 4, 3, 2, 1]
     assert steps_left(length)(tasks[2]) is None and guide_of(tasks[0]) == 0
     assert guided_variants(tasks, 6, length) == [] and guided_variants(variants, 0, length) == []
