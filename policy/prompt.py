@@ -128,6 +128,24 @@ def build_messages(
     return messages
 
 
+def without_first_rounds(
+    messages: Sequence[ChatMessage], intent: str, count: int
+) -> list[ChatMessage]:
+    """`messages` (as `build_messages` made them) as if the episode had begun `count`
+    rounds later, on the page it is on: the rounds before are left out and the rest
+    numbered from 0, the task stated in the new round 0."""
+    system, rounds = messages[0], list(messages[1:])
+    now = (len(rounds) - 1) // 2
+    if not 0 <= count <= now or len(rounds) % 2 != 1:
+        raise ValueError(f"cannot leave out {count} of the {now} earlier rounds")
+    current = rounds[-1].content
+    header = user_message(intent, now, "").content
+    if not current.startswith(header):
+        raise ValueError(f"the last message is not round {now}'s user message")
+    history = [m.content for m in rounds[2 * count + 1 : -1 : 2]]
+    return build_messages(intent, history, current[len(header) :], system_prompt=system.content)
+
+
 def episode_messages(
     intent: str,
     turns: Sequence[Turn],

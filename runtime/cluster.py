@@ -166,6 +166,7 @@ async def _worker_rollout(
             count_tokens=count_tokens,
             on_event=record,
             oracle=OraclePolicy() if config.scheduler.guide_longer_than else None,
+            guide_shown=config.scheduler.guide_shown,
         )
         watching.cancel_scope.cancel()
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 from msgspec import UNSET
 
+from policy.prompt import without_first_rounds
 from runtime.base.messages import PolicyReply, PolicyRequest, TaskConfig
 from runtime.oracle import OraclePolicy
 from runtime.protocols import Policy
@@ -73,14 +74,18 @@ def steps_left(length: Callable[[TaskConfig], int | None]) -> Callable[[TaskConf
 class GuidedPolicy:
     """One episode's policy: `oracle` acts until it has played `steps` steps of the
     task's plan, `policy` after that. Scrolls the oracle makes to find a step's target are
-    turns, not steps."""
+    turns, not steps. With `shown` false the policy's prompts leave the oracle's rounds
+    out: it starts as if the episode began on the page the oracle left it on."""
 
-    def __init__(self, oracle: OraclePolicy, policy: Policy, steps: int) -> None:
+    def __init__(
+        self, oracle: OraclePolicy, policy: Policy, steps: int, *, shown: bool = True
+    ) -> None:
         if steps < 1:
             raise ValueError(f"a guided start needs at least one oracle step, got {steps}")
         self.oracle = oracle
         self.policy = policy
         self.steps = steps
+        self.shown = shown
         self.handed_over_at: int | None = None
 
     async def act(self, request: PolicyRequest) -> PolicyReply:
@@ -89,4 +94,9 @@ class GuidedPolicy:
                 return await self.oracle.act(request)
             self.oracle.forget(request.episode_id)
             self.handed_over_at = request.turn
+        if not self.shown:
+            messages = without_first_rounds(
+                request.messages, request.task.intent, self.handed_over_at
+            )
+            request = msgspec.structs.replace(request, messages=messages)
         return await self.policy.act(request)

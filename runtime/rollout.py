@@ -81,6 +81,7 @@ class Rollout:
         on_event: Callable[[Event], None] | None = None,
         gate: Gate | None = None,
         oracle: OraclePolicy | None = None,
+        guide_shown: bool = True,
     ) -> None:
         self.environment = environment
         self.pool = pool
@@ -88,6 +89,7 @@ class Rollout:
         # Plays the first steps of guided tasks (`runtime.guided`); without it a guided
         # task is refused (evaluations are never guided).
         self.oracle = oracle
+        self.guide_shown = guide_shown  # the oracle's turns in the policy's prompts
         self.settings = settings
         self.count_tokens = count_tokens
         self.on_event = on_event
@@ -182,7 +184,9 @@ class Rollout:
                     policy = self.policy
                     if guide_of(task):
                         assert self.oracle is not None  # run_group refused it otherwise
-                        policy = GuidedPolicy(self.oracle, policy, guide_of(task))
+                        policy = GuidedPolicy(
+                            self.oracle, policy, guide_of(task), shown=self.guide_shown
+                        )
                     episode = Episode(
                         episode_id=episode_id,
                         group_id=group_id,

@@ -196,6 +196,7 @@ class Training:
                     count_tokens=self._stack.renderer.count_tokens,
                     on_event=self._record,
                     oracle=OraclePolicy() if config.scheduler.guide_longer_than else None,
+                    guide_shown=config.scheduler.guide_shown,
                 )
             tasks = list(environment.tasks(config.scheduler.split))
             if config.scheduler.guide_longer_than:

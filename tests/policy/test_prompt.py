@@ -1,6 +1,14 @@
 from __future__ import annotations
 
-from policy.prompt import COMPRESSED_OBSERVATION, SYSTEM_PROMPT, build_messages, strip_thought
+import pytest
+
+from policy.prompt import (
+    COMPRESSED_OBSERVATION,
+    SYSTEM_PROMPT,
+    build_messages,
+    strip_thought,
+    without_first_rounds,
+)
 
 
 def test_first_turn_states_task_and_full_observation() -> None:
@@ -39,3 +47,20 @@ def test_strip_thought_handles_several_and_missing() -> None:
         strip_thought("<think>x</think><think>y</think> <answer>z</answer>") == "<answer>z</answer>"
     )
     assert strip_thought("no tags") == "no tags"
+
+
+def test_leaving_out_the_first_rounds_is_the_episode_begun_later() -> None:
+    replies = ["<think>a</think><answer>A</answer>", "<think>b</think><answer>B</answer>",
+               "<think>c</think><answer>C</answer>"]  # fmt: skip
+    messages = build_messages("Do it.", replies, "<p>page 3</p>", system_prompt="sys")
+    for count in range(4):
+        assert without_first_rounds(messages, "Do it.", count) == build_messages(
+            "Do it.", replies[count:], "<p>page 3</p>", system_prompt="sys"
+        )
+    with pytest.raises(ValueError, match="cannot leave out 4 of the 3 earlier rounds"):
+        without_first_rounds(messages, "Do it.", 4)
+    with pytest.raises(ValueError, match="cannot leave out 1 of the"):
+        without_first_rounds(messages[:-1], "Do it.", 1)  # ends with a reply
+    first = build_messages("Do it.", [], "<p>page 0</p>", system_prompt="sys")
+    with pytest.raises(ValueError, match="not round 0's user message"):
+        without_first_rounds(first, "Another task.", 0)

@@ -93,6 +93,22 @@ async def test_the_oracle_plays_the_first_steps_and_the_policy_goes_on_from_ther
 
 @pytest.mark.anyio
 @pytest.mark.browser
+async def test_unshown_the_oracles_turns_leave_the_policy_a_fresh_start_on_their_page(
+    pool: BrowserPool, web: Any
+) -> None:
+    policy = Answering()
+    rollout = _rollout(pool, web, policy, OraclePolicy(lambda task: PLAN))
+    rollout.guide_shown = False
+    group = await rollout.run_group(msgspec.structs.replace(TASK, guide=1), group_size=1)
+    assert [t.reward for t in group.trajectories] == [1.0]
+    (request,) = policy.requests
+    _system, first = request.messages  # no earlier round: round 0, on the form
+    assert first.content.startswith(f"Task: {TASK.intent}\n\nRound 0\n")
+    assert "Order form" in first.content and request.turn == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.browser
 async def test_a_rollout_without_an_oracle_refuses_a_guided_task(
     pool: BrowserPool, web: Any
 ) -> None:
