@@ -114,7 +114,8 @@ def template_of(task: TaskConfig) -> str:
     start (`runtime.guided`) the steps the oracle plays, a template of its own."""
     template = task.intent_template_id
     name = f"t:{template}" if isinstance(template, int | str) else f"i:{task.intent}"
-    return f"{name}@{guide_of(task)}" if guide_of(task) else name
+    guide = guide_of(task)
+    return f"{name}@{guide}" if guide else name
 
 
 class Curriculum:

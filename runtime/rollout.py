@@ -182,11 +182,9 @@ class Rollout:
                     self.pool.session(allowed=setup.allowed, cookies=setup.cookies) as session,
                 ):
                     policy = self.policy
-                    if guide_of(task):
+                    if guide := guide_of(task):
                         assert self.oracle is not None  # run_group refused it otherwise
-                        policy = GuidedPolicy(
-                            self.oracle, policy, guide_of(task), shown=self.guide_shown
-                        )
+                        policy = GuidedPolicy(self.oracle, policy, guide, shown=self.guide_shown)
                     episode = Episode(
                         episode_id=episode_id,
                         group_id=group_id,

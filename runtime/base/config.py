@@ -326,9 +326,10 @@ class SchedulerConfig(Section, frozen=True):
     signal_warmup: NonNegative = 2
     # Guided starts (`runtime.guided`, M-GRPO on the built-in sites): each training task
     # whose scripted solution takes more than this many steps also comes as variants
-    # where the oracle plays the first steps and the policy the last 2 .. n-1, each variant
+    # where the oracle plays the first steps and the policy the last 1 .. n-1, each variant
     # a template of its own for "signal". 0: off. A BC on tasks of at most 3 steps solves
-    # almost no longer task, so M-GRPO's groups on them all fail and teach nothing.
+    # almost no longer task, so M-GRPO's groups on them all fail and teach nothing; the
+    # guided groups of three runs gave signal only with guide_shown false (docs/model.md).
     guide_longer_than: NonNegative = 0
     # Whether the policy's prompts show the oracle's turns of a guided start as earlier
     # rounds (false: it starts as if the episode began where the oracle left it). Shown,
